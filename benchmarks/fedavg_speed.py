@@ -1,0 +1,84 @@
+"""Speed of the in-process backend: FedAvg on Cora with 10 METIS clients.
+
+The setting peers use by default: 100 rounds, 3 local epochs, 2-layer GCN with 64 hidden units,
+Adam 0.01, evaluation every round. Reports ms per round, the whole run's wall time and peak
+memory (the process's maximum resident set, measured in a fresh interpreter), beside centralized
+full-graph GCN epochs timed in the same process, so the comparison is a ratio from one run.
+Writes benchmarks/results/fedavg_speed.json.
+
+    FEDGL_DATA_ROOT=../shared/datasets python benchmarks/fedavg_speed.py
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+OUT = Path(__file__).parent / "results" / "fedavg_speed.json"
+
+
+def measure() -> dict:
+    import tempfile
+
+    import torch
+
+    from fedgl.config import build_config
+    from fedgl.runner import Run
+
+    base = {"dataset": {"name": "cora"}, "model": {"name": "gcn", "hidden": 64, "layers": 2},
+            "train": {"rounds": 100, "lr": 0.01}, "network": {"compute": "ignore"}}
+    cfg = build_config({**base, "protocol": {"name": "fedavg", "local_epochs": 3},
+                        "partition": {"num_clients": 10, "method": "metis"}})
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        job = Run(cfg, tmp)
+        setup_s = time.perf_counter() - start
+        t0 = time.perf_counter()
+        result = job.execute(progress=False)
+        rounds_s = time.perf_counter() - t0
+    total_s = time.perf_counter() - start
+
+    central = build_config({**base, "protocol": {"name": "centralized"}, "train": {"rounds": 200, "lr": 0.01}})
+    with tempfile.TemporaryDirectory() as tmp:
+        job = Run(central, tmp)
+        trainer = job.protocol.trainer
+        for _ in range(20):
+            trainer.train_epochs(1)
+        t0 = time.perf_counter()
+        for _ in range(200):
+            trainer.train_epochs(1)
+        epoch_ms = (time.perf_counter() - t0) / 200 * 1e3
+        job.transport.close()
+    return {
+        "setting": "fedavg, cora, 10 metis clients, 100 rounds x 3 local epochs, gcn 64 hidden, adam 0.01, eval every round",
+        "threads": torch.get_num_threads(),
+        "ms_per_round": 1e3 * rounds_s / 100,
+        "run_s": total_s,
+        "setup_s": setup_s,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "test_accuracy": result.summary["test_accuracy"],
+        "centralized_gcn_epoch_ms": epoch_ms,
+        "round_over_centralized_epoch": 1e3 * rounds_s / 100 / epoch_ms,
+    }
+
+
+def main() -> None:
+    if "--child" in sys.argv:
+        print(json.dumps(measure()))
+        return
+    # A fresh interpreter, so peak memory is this run's alone.
+    proc = subprocess.run([sys.executable, __file__, "--child"], capture_output=True, text=True, check=True)
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    OUT.parent.mkdir(exist_ok=True)
+    OUT.write_text(json.dumps(result, indent=2) + "\n")
+    for key, value in result.items():
+        print(f"{key:>30}: {value:.3f}" if isinstance(value, float) else f"{key:>30}: {value}")
+    print(f"written to {OUT}")
+
+
+if __name__ == "__main__":
+    main()

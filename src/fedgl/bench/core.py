@@ -1,0 +1,146 @@
+"""Running a benchmark task: every variant over every seed, then mean ± std beside the reference.
+
+A task is data: a base config, variants (each a label, config overrides and the paper's numbers for
+it) and the summary columns to report. Results go to ``results.json`` (every run's summary),
+``table.md`` and ``table.json`` in the task's folder, with each run's own folder beneath it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from rich.console import Console
+from rich.table import Table
+
+from ..config import apply_override, build_config
+from ..runner import run
+
+
+@dataclass
+class Variant:
+    label: str
+    overrides: dict[str, Any] = field(default_factory=dict)  # dotted keys, e.g. {"protocol.K": 2}
+    reference: dict[str, float] = field(default_factory=dict)  # paper's numbers per column
+
+
+@dataclass
+class BenchTask:
+    name: str
+    description: str
+    base: dict[str, Any]
+    variants: list[Variant]
+    columns: list[str]  # summary keys to aggregate, e.g. test_accuracy, bytes_total
+    seeds: int = 3
+    quick: dict[str, Any] = field(default_factory=dict)  # overrides for a fast smoke run
+    derive: Callable[[dict[str, Any]], dict[str, Any]] | None = None  # extra columns from a summary
+    source: str = ""  # where the reference numbers come from
+
+
+def variant_config(task: BenchTask, variant: Variant, seed: int, extra: dict[str, Any]):
+    data = copy.deepcopy(task.base)
+    for key, value in {**variant.overrides, **extra, "seed": seed}.items():
+        apply_override(data, f"{key}={json.dumps(value)}")
+    return build_config(data)
+
+
+def aggregate(values: list[float]) -> tuple[float | None, float | None]:
+    values = [v for v in values if v is not None]
+    if not values:
+        return None, None
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def _cell(mean: float | None, std: float | None, column: str) -> str:
+    if mean is None:
+        return "—"
+    if "accuracy" in column or column.endswith(("f1", "auc")):
+        return f"{100 * mean:.2f} ± {100 * (std or 0):.2f}"
+    if column.startswith("bytes"):
+        return f"{mean / 1e6:.3f} ± {(std or 0) / 1e6:.3f} MB"
+    return f"{mean:.4g} ± {std or 0:.2g}"
+
+
+def _ref(value: float | None, column: str) -> str:
+    if value is None:
+        return ""
+    if "accuracy" in column:
+        return f"{100 * value:.2f}" if value <= 1 else f"{value:.2f}"
+    return f"{value:g}"
+
+
+def run_task(task: BenchTask, out_dir: str | Path, *, seeds: int | None = None, quick: bool = False,
+             backend: str | None = None, overrides: dict[str, Any] | None = None,
+             console: Console | None = None) -> dict[str, Any]:
+    console = console or Console()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    n_seeds = seeds or (1 if quick else task.seeds)
+    extra = {**(task.quick if quick else {}), **(overrides or {})}
+    if backend:
+        extra["backend.name"] = backend
+    runs: list[dict[str, Any]] = []
+    for variant in task.variants:
+        for seed in range(n_seeds):
+            cfg = variant_config(task, variant, seed, extra)
+            folder = out / "runs" / f"{variant.label}-seed{seed}".replace(" ", "_").replace("/", "-")
+            console.print(f"[dim]{task.name}: {variant.label} seed {seed}[/dim]")
+            summary = run(cfg, folder).summary
+            if task.derive:
+                summary |= task.derive(summary)
+            runs.append({"variant": variant.label, "seed": seed, "folder": str(folder), **summary})
+    rows = []
+    for variant in task.variants:
+        mine = [r for r in runs if r["variant"] == variant.label]
+        row: dict[str, Any] = {"variant": variant.label}
+        for column in task.columns:
+            mean, std = aggregate([r.get(column) for r in mine])
+            row[column] = {"mean": mean, "std": std, "paper": variant.reference.get(column)}
+        rows.append(row)
+    result = {"task": task.name, "description": task.description, "source": task.source, "seeds": n_seeds,
+              "quick": quick, "rows": rows}
+    (out / "results.json").write_text(json.dumps(runs, indent=2, default=float))
+    (out / "table.json").write_text(json.dumps(result, indent=2, default=float))
+    (out / "table.md").write_text(render_markdown(task, rows, n_seeds))
+    console.print(render_table(task, rows, n_seeds))
+    return result
+
+
+def _header(task: BenchTask) -> list[str]:
+    cols = ["variant"]
+    for column in task.columns:
+        cols.append(column)
+        if any(column in v.reference for v in task.variants):
+            cols.append(f"{column} (paper)")
+    return cols
+
+
+def _cells(task: BenchTask, row: dict[str, Any]) -> list[str]:
+    cells = [row["variant"]]
+    for column in task.columns:
+        cells.append(_cell(row[column]["mean"], row[column]["std"], column))
+        if any(column in v.reference for v in task.variants):
+            cells.append(_ref(row[column]["paper"], column))
+    return cells
+
+
+def render_markdown(task: BenchTask, rows: list[dict[str, Any]], seeds: int) -> str:
+    header = _header(task)
+    lines = [f"# {task.name}", "", task.description, "", f"Mean ± std over {seeds} seed(s).",
+             f"Paper numbers: {task.source}" if task.source else "", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_cells(task, row)) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def render_table(task: BenchTask, rows: list[dict[str, Any]], seeds: int) -> Table:
+    table = Table(title=f"{task.name} (mean ± std over {seeds} seed(s))")
+    for column in _header(task):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*_cells(task, row))
+    return table

@@ -1,0 +1,168 @@
+"""The ``fedgl`` command line: run, bench, datasets, report.
+
+Every user error (bad config, unknown dataset, impossible partition) is one line on stderr and exit
+code 2; a traceback means a bug in fedgl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from .errors import FedglError
+
+console = Console()
+
+_FLAGS = {  # run flags that are shorthands for config keys
+    "protocol": "protocol.name",
+    "dataset": "dataset.name",
+    "data_root": "dataset.data_root",
+    "rounds": "train.rounds",
+    "seed": "seed",
+    "clients": "partition.num_clients",
+    "backend": "backend.name",
+}
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .config import load_config
+    from .runner import Run
+
+    overrides = [f"{key}={value}" for flag, key in _FLAGS.items() if (value := getattr(args, flag)) is not None]
+    cfg = load_config(args.config, overrides + list(args.set or []))
+    job = Run(cfg, args.out)
+    if args.resume and job.resume():
+        console.print(f"resuming from round {job.start_round}")
+    result = job.execute(progress=not args.quiet)
+    s = result.summary
+    console.print(
+        f"[bold]{s['protocol']}[/bold] on {s['dataset']} ({s['backend']}, seed {s['seed']}): "
+        f"{s['rounds']} rounds, best val {s['best_val_accuracy']:.4f} at round {s['best_round']}, "
+        f"test {s['test_accuracy']:.4f}, {s['bytes_total'] / 1e6:.2f} MB sent, "
+        f"simulated {s['sim_time_s']:.2f} s, wall {s['wall_time_s']:.2f} s"
+    )
+    if s["target_val_accuracy"] is not None:
+        reached = f"round {s['round_at_target']}" if s["round_at_target"] else "not reached"
+        console.print(f"target val accuracy {s['target_val_accuracy']}: {reached}")
+    console.print(f"results: {result.out_dir}")
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from .bench import all_tasks, get_task, run_task
+
+    if args.task is None or args.list:
+        for name, task in sorted(all_tasks().items()):
+            console.print(f"[bold]{name}[/bold]: {task.description}")
+        return 0
+    overrides = {}
+    for assignment in args.set or []:
+        key, _, value = assignment.partition("=")
+        import yaml
+
+        overrides[key] = yaml.safe_load(value)
+    task = get_task(args.task)
+    out = Path(args.out) if args.out else Path("results") / "bench" / task.name
+    run_task(task, out, seeds=args.seeds, quick=args.quick, backend=args.backend, overrides=overrides, console=console)
+    console.print(f"results: {out}")
+    return 0
+
+
+def _datasets(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from .data import check_dataset, dataset_names, dataset_status, resolve_data_root
+
+    console.print(f"data root: {resolve_data_root(args.data_root)}")
+    names = args.names or dataset_names()
+    table = Table()
+    if args.action == "list":
+        for column in ("dataset", "status", "source", "path", "detail"):
+            table.add_column(column)
+        for name in names:
+            st = dataset_status(name, args.data_root)
+            table.add_row(st.name, "present" if st.present else "missing", st.source, st.path, st.detail)
+        console.print(table)
+        return 0
+    failed = 0
+    for column in ("dataset", "nodes", "edges", "features", "classes", "train/val/test", "status"):
+        table.add_column(column)
+    for name in names:
+        try:
+            info = check_dataset(name, args.data_root)
+        except FedglError as err:
+            failed += 1
+            table.add_row(name, "", "", "", "", "", f"[red]{err}[/red]")
+            continue
+        table.add_row(name, str(info["nodes"]), str(info["edges"]), str(info["features"]), str(info["classes"]),
+                      f"{info['train']}/{info['val']}/{info['test']}", "[green]ok[/green]")
+    console.print(table)
+    return 1 if failed and args.names else 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from .report import report
+
+    report([Path(p) for p in args.folders], Path(args.out) if args.out else None, console)
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fedgl", description="Federated graph learning with measured communication.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="train one federation from a YAML config (default: a synthetic demo)")
+    r.add_argument("config", nargs="?", help="YAML config; omitted = the embedded synthetic default")
+    r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key, e.g. train.rounds=50")
+    r.add_argument("--out", help="results folder (default results/<protocol>-<dataset>-seed<seed>-<time>)")
+    r.add_argument("--backend", choices=["local", "ray"])
+    r.add_argument("--protocol")
+    r.add_argument("--dataset")
+    r.add_argument("--data-root", dest="data_root")
+    r.add_argument("--rounds", type=int)
+    r.add_argument("--seed", type=int)
+    r.add_argument("--clients", type=int)
+    r.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.set_defaults(func=_run)
+
+    b = sub.add_parser("bench", help="run a named benchmark task (no name: list them)")
+    b.add_argument("task", nargs="?")
+    b.add_argument("--list", action="store_true")
+    b.add_argument("--seeds", type=int, help="seeds per variant (default: the task's)")
+    b.add_argument("--quick", action="store_true", help="short smoke version of the task, one seed")
+    b.add_argument("--backend", choices=["local", "ray"])
+    b.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key in every run")
+    b.add_argument("--out", help="results folder (default results/bench/<task>)")
+    b.set_defaults(func=_bench)
+
+    d = sub.add_parser("datasets", help="list datasets and their status, or load them to check")
+    d.add_argument("action", choices=["list", "check"])
+    d.add_argument("names", nargs="*")
+    d.add_argument("--data-root", dest="data_root")
+    d.set_defaults(func=_datasets)
+
+    rep = sub.add_parser("report", help="a table and plots over result folders")
+    rep.add_argument("folders", nargs="+")
+    rep.add_argument("--out", help="folder for report.md and plots (default: print only)")
+    rep.set_defaults(func=_report)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except FedglError as err:
+        print(f"fedgl: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fedgl: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

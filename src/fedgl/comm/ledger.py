@@ -1,0 +1,110 @@
+"""The communication ledger: every measured message, by round, direction, party and kind.
+
+Messages are aggregated as they arrive into totals keyed by ``(round, sender, receiver, kind)``
+(bytes and message count), which keeps the ledger small even for thousands of users: a vectorised
+user group is one party whose per-user shares are summed into per-member vectors.
+Evaluation traffic is recorded under the kind ``eval`` and left out of training totals.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+
+SERVER = "server"
+EVAL = "eval"
+
+
+@dataclass
+class Ledger:
+    round: int = 0
+    _totals: dict[tuple[int, str, str, str], list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0]))
+    _members: dict[tuple[str, str], torch.Tensor] = field(default_factory=dict)
+
+    def record(self, src: str, dst: str, kind: str, nbytes: int, messages: int = 1) -> None:
+        entry = self._totals[(self.round, src, dst, kind)]
+        entry[0] += nbytes
+        entry[1] += messages
+
+    def record_members(self, group: str, direction: str, members: torch.Tensor, bytes_each: int) -> None:
+        """Attribute ``bytes_each`` to each listed member of a user group (direction 'up' or 'down')."""
+        key = (group, direction)
+        size = int(members.max()) + 1 if members.numel() else 0
+        current = self._members.get(key, torch.zeros(0, dtype=torch.long))
+        if current.numel() < size:
+            current = torch.cat([current, current.new_zeros(size - current.numel())])
+        self._members[key] = current.index_add_(0, members, torch.full_like(members, bytes_each))
+
+    # ---- queries -------------------------------------------------------------------------------
+    def rows(self) -> list[dict]:
+        """Every aggregated entry, for writing to disk."""
+        return [
+            {"round": r, "src": s, "dst": d, "direction": direction(s, d), "kind": k, "bytes": b, "messages": n}
+            for (r, s, d, k), (b, n) in sorted(self._totals.items())
+        ]
+
+    def total(self, *, kind: str | None = None, upto_round: int | None = None, include_eval: bool = False) -> int:
+        return sum(
+            b
+            for (r, _, _, k), (b, _) in self._totals.items()
+            if (kind is None or k == kind)
+            and (include_eval or k != EVAL)
+            and (upto_round is None or r <= upto_round)
+        )
+
+    def by_kind(self, include_eval: bool = True) -> dict[str, int]:
+        out: dict[str, int] = defaultdict(int)
+        for (_, _, _, k), (b, _) in self._totals.items():
+            if include_eval or k != EVAL:
+                out[k] += b
+        return dict(sorted(out.items()))
+
+    def by_direction(self) -> dict[str, int]:
+        out: dict[str, int] = defaultdict(int)
+        for (_, s, d, k), (b, _) in self._totals.items():
+            if k != EVAL:
+                out[direction(s, d)] += b
+        return dict(out)
+
+    def by_round(self, include_eval: bool = False) -> dict[int, int]:
+        out: dict[int, int] = defaultdict(int)
+        for (r, _, _, k), (b, _) in self._totals.items():
+            if include_eval or k != EVAL:
+                out[r] += b
+        return dict(sorted(out.items()))
+
+    def by_party(self) -> dict[str, dict[str, int]]:
+        """Training bytes each non-server party sent ('up') and received ('down')."""
+        out: dict[str, dict[str, int]] = defaultdict(lambda: {"up": 0, "down": 0})
+        for (_, s, d, k), (b, _) in self._totals.items():
+            if k == EVAL:
+                continue
+            if s != SERVER:
+                out[s]["up"] += b
+            if d != SERVER:
+                out[d]["down"] += b
+        return dict(out)
+
+    def messages(self, *, kind: str | None = None) -> int:
+        return sum(n for (_, _, _, k), (_, n) in self._totals.items() if kind is None or k == kind)
+
+    def member_bytes(self, group: str, direction: str) -> torch.Tensor | None:
+        return self._members.get((group, direction))
+
+    def state_dict(self) -> dict:
+        return {"round": self.round, "totals": dict(self._totals), "members": dict(self._members)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.round = state["round"]
+        self._totals = defaultdict(lambda: [0, 0], {k: list(v) for k, v in state["totals"].items()})
+        self._members = dict(state["members"])
+
+
+def direction(src: str, dst: str) -> str:
+    if src == SERVER:
+        return "down"
+    if dst == SERVER:
+        return "up"
+    return "peer"

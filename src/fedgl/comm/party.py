@@ -1,0 +1,55 @@
+"""The base of every party that lives behind the transport.
+
+A party owns its private state (its shard, model, optimiser) and exposes only ``@rpc`` methods.
+Each party carries its own random-number state, swapped in around every call, so its dropout and
+sampling draws depend only on its seed and its own history, never on which process hosts it or in
+which order parties are called: this is what makes the local and Ray backends agree exactly.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from .rpc import spec_of
+
+
+class Party:
+    def __init__(self, name: str, seed: int = 0):
+        self.name = name
+        self.seed = seed
+
+    @classmethod
+    def create(cls, **kwargs: Any) -> "Party":
+        """Construct under the party's own seed, so model initialisation does not depend on the host."""
+        outer = torch.get_rng_state()
+        torch.manual_seed(kwargs.get("seed", 0))
+        try:
+            party = cls(**kwargs)
+            party._rng_state = torch.get_rng_state()
+        finally:
+            torch.set_rng_state(outer)
+        return party
+
+    def get_state(self) -> dict[str, Any]:
+        """Everything the party holds, for its own local checkpoint (not a message)."""
+        return dict(self.__dict__)
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def dispatch(self, method: str, kwargs: dict[str, Any]) -> tuple[Any, float]:
+        """Run an ``@rpc`` method under this party's RNG state; return its result and compute seconds."""
+        spec_of(type(self), method)
+        outer = torch.get_rng_state()
+        torch.set_rng_state(self._rng_state)
+        start = time.perf_counter()
+        try:
+            result = getattr(self, method)(**kwargs)
+        finally:
+            elapsed = time.perf_counter() - start
+            self._rng_state = torch.get_rng_state()
+            torch.set_rng_state(outer)
+        return result, elapsed

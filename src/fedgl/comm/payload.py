@@ -1,0 +1,63 @@
+"""Measuring and copying what crosses a party boundary.
+
+A payload is any nesting of tensors, numpy arrays, Python scalars, strings, lists, tuples and dicts.
+Its size is what a wire format would carry: a tensor costs ``element_size * numel`` (a sparse tensor
+its indices plus values), a Python number 8 bytes, a bool 1, a string its UTF-8 length. Container
+structure and dict keys are the schema both sides already know and cost nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+SCALAR_BYTES = 8
+
+
+def _tensor_nbytes(t: torch.Tensor) -> int:
+    if t.layout == torch.sparse_coo:
+        t = t.coalesce()
+        return _tensor_nbytes(t.indices()) + _tensor_nbytes(t.values())
+    if t.layout == torch.sparse_csr:
+        return sum(_tensor_nbytes(p) for p in (t.crow_indices(), t.col_indices(), t.values()))
+    return t.element_size() * t.numel()
+
+
+def nbytes(obj: Any) -> int:
+    """Bytes ``obj`` occupies when sent."""
+    if obj is None:
+        return 0
+    if isinstance(obj, torch.Tensor):
+        return _tensor_nbytes(obj)
+    if isinstance(obj, np.ndarray):
+        return int(obj.nbytes)
+    if isinstance(obj, bool):
+        return 1
+    if isinstance(obj, (int, float, np.number)):
+        return SCALAR_BYTES
+    if isinstance(obj, str):
+        return len(obj.encode())
+    if isinstance(obj, bytes):
+        return len(obj)
+    if isinstance(obj, dict):
+        return sum(nbytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(nbytes(v) for v in obj)
+    raise TypeError(f"cannot send a {type(obj).__name__} across a party boundary")
+
+
+def copy(obj: Any) -> Any:
+    """A detached deep copy: the receiver can neither mutate the sender's tensors nor reach its autograd graph."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, np.ndarray):
+        return obj.copy()
+    if isinstance(obj, dict):
+        return {k: copy(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [copy(v) for v in obj]
+    if isinstance(obj, tuple):
+        return type(obj)(*(copy(v) for v in obj)) if hasattr(obj, "_fields") else tuple(copy(v) for v in obj)
+    return obj

@@ -1,0 +1,190 @@
+"""The transport: the only way the protocol (server side) reaches a client.
+
+The protocol calls named ``@rpc`` methods of one or many parties; the transport measures every
+argument as sent and every result as received into the ledger, under the kinds the method declares,
+and advances the simulated clock. Backends differ only in where parties live and how a call is
+executed (``LocalTransport`` in-process, ``RayTransport`` in Ray actors); this module holds the
+measuring, which is therefore identical for every backend.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
+
+import torch
+
+from .ledger import EVAL, SERVER, Ledger
+from .network import NetworkModel, SimClock
+from .party import Party
+from .rpc import Measured, Rows, measure_args, measure_result, spec_of
+
+
+class Transport:
+    backend = "abstract"
+
+    def __init__(self, network: NetworkModel | None = None):
+        self.ledger = Ledger()
+        self.clock = SimClock(network or NetworkModel())
+        self._classes: dict[str, type[Party]] = {}
+        self._evaluating = False
+        self._mark = time.perf_counter()
+
+    # ---- backend hooks ----------------------------------------------------------------------------
+    def _create(self, name: str, cls: type[Party], kwargs: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _execute(self, calls: list[tuple[str, str, dict[str, Any]]]) -> list[tuple[Any, float]]:
+        """Run ``(party, method, kwargs)`` calls, concurrently where the backend can."""
+        raise NotImplementedError
+
+    def snapshot(self) -> dict[str, dict[str, Any]]:
+        """Every party's own checkpoint of its state (kept where the party lives; not traffic)."""
+        raise NotImplementedError
+
+    def restore(self, states: dict[str, dict[str, Any]]) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release the backend's resources."""
+
+    # ---- parties ----------------------------------------------------------------------------------
+    def spawn(self, cls: type[Party], configs: Sequence[dict[str, Any]]) -> list[str]:
+        """Create one party per config (each must hold a unique ``name``); placing private data is not a message."""
+        names = []
+        for kwargs in configs:
+            name = kwargs["name"]
+            if name in self._classes or name == SERVER:
+                raise ValueError(f"party name {name!r} is taken")
+            self._classes[name] = cls
+            self._create(name, cls, dict(kwargs))
+            names.append(name)
+        self.idle()
+        return names
+
+    @property
+    def parties(self) -> list[str]:
+        return list(self._classes)
+
+    # ---- calls ------------------------------------------------------------------------------------
+    def call(self, target: str, method: str, **kwargs: Any) -> Any:
+        return self.call_many([target], method, **kwargs)[0]
+
+    def call_many(
+        self,
+        targets: Sequence[str],
+        method: str,
+        per_target: Sequence[dict[str, Any]] | None = None,
+        **shared: Any,
+    ) -> list[Any]:
+        """Call ``method`` on every target at once; ``per_target[i]`` adds target i's own arguments."""
+        if per_target is not None and len(per_target) != len(targets):
+            raise ValueError("per_target needs one dict per target")
+        self._charge_server()
+        calls = []
+        downs: list[Measured] = []
+        for i, target in enumerate(targets):
+            kwargs = {**shared, **(per_target[i] if per_target is not None else {})}
+            down = measure_args(spec_of(self._classes[target], method), kwargs)
+            self._record(SERVER, target, down, kwargs)
+            downs.append(down)
+            calls.append((target, method, kwargs))
+        outcomes = self._execute(calls)
+        network = self.clock.network
+        times = {}
+        for (target, _, kwargs), down, (result, seconds) in zip(calls, downs, outcomes):
+            up = measure_result(spec_of(self._classes[target], method), result)
+            self._record(target, SERVER, up, kwargs)
+            times[target] = (
+                self._transfer_s(down) + network.compute_s(seconds) + self._transfer_s(up)
+            )
+        if not self._evaluating:
+            self.clock.phase(times)
+        self._mark = time.perf_counter()
+        return [result for result, _ in outcomes]
+
+    def _transfer_s(self, m: Measured) -> float:
+        # A user group's rows travel on each user's own link, in parallel: the slowest row counts.
+        network = self.clock.network
+        if m.rows:
+            row_bytes = max(b for _, _, b in m.rows)
+            rest = m.total - sum(n * b for _, n, b in m.rows)
+            return network.transfer_s(row_bytes + rest)
+        return network.transfer_s(m.total)
+
+    def _record(self, src: str, dst: str, m: Measured, kwargs: dict[str, Any]) -> None:
+        ledger = self.ledger
+        for kind, size in m.by_kind.items():
+            ledger.record(src, dst, EVAL if self._evaluating else kind, size)
+        if self._evaluating:
+            return
+        group, direction = (dst, "down") if src == SERVER else (src, "up")
+        for _, n, bytes_each in m.rows:
+            members = kwargs.get("users")
+            members = torch.arange(n) if members is None else torch.as_tensor(members, dtype=torch.long)
+            ledger.record_members(group, direction, members, bytes_each)
+
+    def _charge_server(self) -> None:
+        """Server compute since the last call counts on the clock (not while evaluating)."""
+        elapsed = time.perf_counter() - self._mark
+        if not self._evaluating:
+            self.clock.phase({SERVER: self.clock.network.compute_s(elapsed)})
+
+    # ---- scopes -----------------------------------------------------------------------------------
+    @contextmanager
+    def evaluation(self) -> Iterator[None]:
+        """Traffic inside is recorded as ``eval`` and does not advance the clock."""
+        self._evaluating = True
+        try:
+            yield
+        finally:
+            self._evaluating = False
+            self.idle()
+
+    @contextmanager
+    def parallel(self) -> Iterator[None]:
+        """Calls inside run side by side: the block lasts as long as the busiest party."""
+        self.clock.open_lanes()
+        try:
+            yield
+        finally:
+            self._charge_server()
+            self.clock.close_lanes()
+            self._mark = time.perf_counter()
+
+    def idle(self) -> None:
+        """Forget server time since the last call (evaluation, logging, checkpointing)."""
+        self._mark = time.perf_counter()
+
+    def set_round(self, r: int) -> None:
+        self.ledger.round = r
+
+
+class LocalTransport(Transport):
+    """Parties as objects in this process; every payload is copied both ways, as a wire would."""
+
+    backend = "local"
+
+    def __init__(self, network: NetworkModel | None = None):
+        super().__init__(network)
+        self._parties: dict[str, Party] = {}
+
+    def _create(self, name: str, cls: type[Party], kwargs: dict[str, Any]) -> None:
+        self._parties[name] = cls.create(**kwargs)
+
+    def snapshot(self) -> dict[str, dict[str, Any]]:
+        return {name: party.get_state() for name, party in self._parties.items()}
+
+    def restore(self, states: dict[str, dict[str, Any]]) -> None:
+        for name, state in states.items():
+            self._parties[name].set_state(state)
+
+    def _execute(self, calls: list[tuple[str, str, dict[str, Any]]]) -> list[tuple[Any, float]]:
+        from .payload import copy
+
+        out = []
+        for name, method, kwargs in calls:
+            result, seconds = self._parties[name].dispatch(method, copy(kwargs))
+            out.append((copy(result), seconds))
+        return out

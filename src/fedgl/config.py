@@ -1,0 +1,157 @@
+"""Run configuration: YAML or flags, validated by pydantic, with errors that name the bad key.
+
+One ``RunConfig`` describes a run. Sections shared by all protocols (dataset, partition, model,
+train, eval, backend, network) are typed here; the ``protocol`` section is validated by the chosen
+protocol's own ``Options`` model, so each protocol owns its settings.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .errors import ConfigError
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DatasetConfig(Section):
+    name: str = "synthetic"
+    data_root: str | None = None
+    split: str = "default"
+    options: dict[str, Any] = Field(default_factory=dict, description="synthetic generator settings")
+
+
+class PartitionConfig(Section):
+    num_clients: int = Field(10, ge=1)
+    method: str = Field("metis", description="horizontal: metis|louvain|dirichlet|random; vertical: contiguous|random")
+    alpha: float = Field(0.5, gt=0, description="Dirichlet label-skew concentration")
+    edge_drop: float = Field(0.0, ge=0, lt=1, description="horizontal: drop ratio of intra-client edges")
+    edge_keep: float = Field(0.8, gt=0, le=1, description="vertical: share of edges each client keeps")
+    label_holder: int | None = Field(None, ge=0, description="vertical: the only client holding labels")
+
+
+class ModelConfig(Section):
+    name: str = "gcn"
+    hidden: int = Field(64, ge=1)
+    layers: int = Field(2, ge=1)
+    dropout: float = Field(0.5, ge=0, lt=1)
+    options: dict[str, Any] = Field(default_factory=dict, description="backbone extras, e.g. heads for GAT")
+
+
+class TrainConfig(Section):
+    rounds: int = Field(100, ge=1)
+    optimizer: Literal["adam", "sgd"] = "adam"
+    lr: float = Field(0.01, gt=0)
+    weight_decay: float = Field(5e-4, ge=0)
+
+
+class EvalConfig(Section):
+    every: int = Field(1, ge=1)
+    target_val_accuracy: float | None = Field(None, gt=0, le=1)
+    stop_at_target: bool = False
+
+
+class BackendConfig(Section):
+    name: Literal["local", "ray"] = "local"
+    address: str | None = Field(None, description="an existing Ray cluster; default starts a local one")
+    actors: int | None = Field(None, ge=1, description="Ray actors hosting the clients; default one per core")
+
+
+class NetworkConfig(Section):
+    bandwidth_mbps: float = Field(1000.0, gt=0)
+    latency_ms: float = Field(1.0, ge=0)
+    compute: Literal["measured", "ignore"] = "measured"
+
+
+class RunConfig(Section):
+    seed: int = 0
+    dataset: DatasetConfig = Field(default_factory=DatasetConfig)
+    partition: PartitionConfig = Field(default_factory=PartitionConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    protocol: dict[str, Any] = Field(default_factory=lambda: {"name": "fedavg"})
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    backend: BackendConfig = Field(default_factory=BackendConfig)
+    network: NetworkConfig = Field(default_factory=NetworkConfig)
+    checkpoint_every: int = Field(0, ge=0, description="rounds between checkpoints; 0 = none")
+
+    @model_validator(mode="after")
+    def _protocol_known(self) -> "RunConfig":
+        from .protocols import protocol_options
+
+        self.protocol = protocol_options(self.protocol).model_dump() | {"name": self.protocol_name}
+        return self
+
+    @property
+    def protocol_name(self) -> str:
+        return str(self.protocol.get("name", "")).lower()
+
+    def options(self) -> BaseModel:
+        from .protocols import protocol_options
+
+        return protocol_options(self.protocol)
+
+
+def describe(err: ValidationError, prefix: str = "") -> str:
+    """One line naming the first bad key, the problem and the value given."""
+    first = err.errors()[0]
+    where = prefix + (".".join(str(p) for p in first["loc"]) or "config")
+    got = first.get("input")
+    shown = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
+    return f"invalid config: {where}: {first['msg']}{shown}"
+
+
+def build_config(data: dict[str, Any]) -> RunConfig:
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(describe(err)) from None
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"malformed YAML in {path}{at}: {getattr(err, 'problem', err)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"malformed config {path}: the top level must be a mapping of sections")
+    return data
+
+
+def apply_override(data: dict[str, Any], assignment: str) -> None:
+    """Apply one ``section.key=value`` override; the value is parsed as YAML (numbers, lists, null)."""
+    key, sep, raw = assignment.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {assignment!r} must look like section.key=value")
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        value = raw
+    node = data
+    parts = key.strip().split(".")
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {assignment!r}: {part} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
+    data = read_yaml(path) if path else {}
+    for assignment in overrides:
+        apply_override(data, assignment)
+    return build_config(data)

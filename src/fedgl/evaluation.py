@@ -1,0 +1,45 @@
+"""The scoring harness.
+
+Scoring needs the ground truth of every node, which no single party holds in a federation. The
+``Evaluator`` sits outside the parties: protocols hand it logits (or, for protocols with a global
+model, the model to run on the whole graph) and it returns metrics. It never feeds data back into
+training.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch_geometric.data import Data
+
+from .metrics import classification_metrics
+from .models import as_model_input, prepare_graph
+
+SPLITS = ("train", "val", "test")
+
+
+class Evaluator:
+    def __init__(self, data: Data):
+        self.data = data
+        self.num_classes = int(data.num_classes)
+        self._x = as_model_input(data.x)
+        self._graphs: dict[str, object] = {}
+
+    @torch.no_grad()
+    def full_graph_logits(self, model: nn.Module, model_name: str) -> torch.Tensor:
+        """Run a global model on the whole graph (all edges, all features)."""
+        if model_name not in self._graphs:
+            self._graphs[model_name] = prepare_graph(self.data.edge_index, self.data.num_nodes, model_name)
+        was_training = model.training
+        model.eval()
+        out = model(self._x, self._graphs[model_name])
+        model.train(was_training)
+        return out
+
+    def score(self, logits: torch.Tensor) -> dict[str, float]:
+        out = {}
+        for split in SPLITS:
+            mask = getattr(self.data, f"{split}_mask")
+            for metric, value in classification_metrics(logits[mask], self.data.y[mask], self.num_classes).items():
+                out[f"{split}_{metric}"] = value
+        return out

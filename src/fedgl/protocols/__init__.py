@@ -1,0 +1,42 @@
+"""Protocol registry: names to classes, imported on first use so a run loads only what it needs."""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from ..errors import ConfigError
+
+REGISTRY: dict[str, str] = {
+    "centralized": "fedgl.protocols.centralized:Centralized",
+    "fedavg": "fedgl.protocols.fedavg:FedAvg",
+    "glasu": "fedgl.protocols.glasu:Glasu",
+    "nfedgnn": "fedgl.protocols.nfedgnn:NFedGNN",
+    "cnfgnn": "fedgl.protocols.cnfgnn:CNFGNN",
+    "swift": "fedgl.protocols.swift:SwiftFedGNN",
+    "fedgnn-g": "fedgl.protocols.swift:FedGNNG",
+    "llcg": "fedgl.protocols.llcg:LLCG",
+    "fedgnn-pns": "fedgl.protocols.fedgnn_pns:FedGNNPNS",
+}
+
+
+def protocol_class(name: str) -> type:
+    key = str(name).lower()
+    if key not in REGISTRY:
+        raise ConfigError(f"unknown protocol {name!r}; allowed: {', '.join(sorted(REGISTRY))}")
+    module, _, attr = REGISTRY[key].partition(":")
+    return getattr(import_module(module), attr)
+
+
+def protocol_options(section: dict[str, Any]) -> BaseModel:
+    if "name" not in section:
+        raise ConfigError(f"invalid config: protocol.name is required; allowed: {', '.join(sorted(REGISTRY))}")
+    cls = protocol_class(section["name"])
+    try:
+        return cls.Options.model_validate({**section, "name": str(section["name"]).lower()})
+    except ValidationError as err:
+        from ..config import describe
+
+        raise ConfigError(describe(err, prefix="protocol.")) from None

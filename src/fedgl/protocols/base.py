@@ -1,0 +1,56 @@
+"""What every protocol is: server-side code that drives rounds through the transport.
+
+A protocol partitions the dataset into private shards, spawns the client parties with them, and
+from then on touches clients only through ``self.transport``. It never keeps the global dataset:
+scoring is done by the ``Evaluator``, a harness outside every party that holds the ground truth.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from pydantic import BaseModel, ConfigDict
+from torch_geometric.data import Data
+
+from ..comm import Transport
+from ..config import RunConfig
+from ..evaluation import Evaluator
+
+
+class ProtocolOptions(BaseModel):
+    """Settings of one protocol; subclasses add fields. Unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+
+
+class Protocol:
+    name: ClassVar[str]
+    scenario: ClassVar[str]  # central | horizontal | vertical | node-level
+    Options: ClassVar[type[ProtocolOptions]] = ProtocolOptions
+
+    def __init__(self, cfg: RunConfig, transport: Transport):
+        self.cfg = cfg
+        self.opts: Any = cfg.options()
+        self.transport = transport
+        self.generator = torch.Generator().manual_seed(cfg.seed)  # the server's own randomness
+
+    def setup(self, data: Data) -> None:
+        """Partition ``data`` and hand each party its shard; keep only what the server may know."""
+        raise NotImplementedError
+
+    def train_round(self, round_index: int) -> dict[str, float]:
+        """One communication round; returns at least ``train_loss``."""
+        raise NotImplementedError
+
+    def predict(self, evaluator: Evaluator) -> torch.Tensor:
+        """Logits for every node of the graph, for scoring (runs inside ``transport.evaluation()``)."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        """Server-side state for checkpoints (client state is saved by the transport)."""
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.generator.set_state(state["generator"])

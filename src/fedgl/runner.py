@@ -1,0 +1,188 @@
+"""Running one configured federation: rounds, evaluation, target stop, checkpoints, results."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from .comm import NetworkModel, make_transport
+from .config import RunConfig
+from .data import load_dataset
+from .evaluation import Evaluator
+from .protocols import protocol_class
+from .results import CONFIG, LEDGER, METRICS, PLOT, SUMMARY, plot_curves, write_json, write_jsonl
+
+CHECKPOINT = "checkpoint.pt"
+
+
+@dataclass
+class RunResult:
+    out_dir: Path
+    summary: dict[str, Any]
+    metrics: list[dict[str, Any]]
+
+
+def default_out_dir(cfg: RunConfig, parent: str | Path = "results") -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path(parent) / f"{cfg.protocol_name}-{cfg.dataset.name.lower()}-seed{cfg.seed}-{stamp}"
+
+
+def load_data(cfg: RunConfig):
+    d = cfg.dataset
+    return load_dataset(d.name, d.data_root, split=d.split, seed=cfg.seed, **d.options)
+
+
+class Run:
+    """One federation from a config: build it, train it round by round, write its folder."""
+
+    def __init__(self, cfg: RunConfig, out_dir: str | Path | None = None, *, data=None):
+        self.cfg = cfg
+        self.out_dir = Path(out_dir) if out_dir else default_out_dir(cfg)
+        torch.manual_seed(cfg.seed)
+        data = data if data is not None else load_data(cfg)
+        self.evaluator = Evaluator(data)
+        b = cfg.backend
+        options = {"address": b.address, "actors": b.actors} if b.name == "ray" else {}
+        self.transport = make_transport(b.name, NetworkModel(**cfg.network.model_dump()), **options)
+        self.protocol = protocol_class(cfg.protocol_name)(cfg, self.transport)
+        self.protocol.setup(data)
+        self.metrics: list[dict[str, Any]] = []
+        self.start_round = 1
+        self.wall_offset = 0.0
+
+    # ---- checkpoints ------------------------------------------------------------------------------
+    def save_checkpoint(self, round_index: int, wall: float) -> None:
+        torch.save({
+            "round": round_index,
+            "protocol": self.protocol.state_dict(),
+            "parties": self.transport.snapshot(),
+            "ledger": self.transport.ledger.state_dict(),
+            "clock": self.transport.clock.now,
+            "rng": torch.get_rng_state(),
+            "metrics": self.metrics,
+            "wall": wall,
+        }, self.out_dir / CHECKPOINT)
+
+    def resume(self) -> bool:
+        path = self.out_dir / CHECKPOINT
+        if not path.exists():
+            return False
+        state = torch.load(path, weights_only=False)
+        self.protocol.load_state_dict(state["protocol"])
+        self.transport.restore(state["parties"])
+        self.transport.ledger.load_state_dict(state["ledger"])
+        self.transport.clock.now = state["clock"]
+        torch.set_rng_state(state["rng"])
+        self.metrics = state["metrics"]
+        self.start_round = state["round"] + 1
+        self.wall_offset = state["wall"]
+        return True
+
+    # ---- the loop ---------------------------------------------------------------------------------
+    def evaluate(self, round_index: int, stats: dict[str, float], wall: float) -> dict[str, Any]:
+        with self.transport.evaluation():
+            scores = self.evaluator.score(self.protocol.predict(self.evaluator))
+        ledger = self.transport.ledger
+        row = {
+            "round": round_index,
+            **{k: float(v) for k, v in stats.items()},
+            **scores,
+            "bytes_total": ledger.total(),
+            "bytes_round": ledger.by_round().get(round_index, 0),
+            "sim_time_s": self.transport.clock.now,
+            "wall_time_s": wall,
+        }
+        self.metrics.append(row)
+        return row
+
+    def execute(self, progress: bool = True) -> RunResult:
+        cfg = self.cfg
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        (self.out_dir / CONFIG).write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+        target = cfg.eval.target_val_accuracy
+        started = time.perf_counter() - self.wall_offset
+        columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("{task.fields[status]}"), TimeElapsedColumn()]
+        try:
+            with Progress(*columns, disable=not progress, transient=False) as bar:
+                task = bar.add_task(f"{cfg.protocol_name} on {cfg.dataset.name}", total=cfg.train.rounds,
+                                    completed=self.start_round - 1, status="")
+                for r in range(self.start_round, cfg.train.rounds + 1):
+                    self.transport.set_round(r)
+                    self.transport.idle()
+                    stats = self.protocol.train_round(r)
+                    if r % cfg.eval.every == 0 or r == cfg.train.rounds:
+                        row = self.evaluate(r, stats, time.perf_counter() - started)
+                        bar.update(task, status=f"val {row['val_accuracy']:.3f}  test {row['test_accuracy']:.3f}  "
+                                               f"{row['bytes_total'] / 1e6:.1f} MB")
+                        if target is not None and cfg.eval.stop_at_target and row["val_accuracy"] >= target:
+                            bar.update(task, completed=r)
+                            break
+                    if cfg.checkpoint_every and r % cfg.checkpoint_every == 0:
+                        self.save_checkpoint(r, time.perf_counter() - started)
+                    bar.update(task, completed=r)
+        finally:
+            self.transport.close()
+        summary = self.summarize(time.perf_counter() - started)
+        self.write(summary)
+        return RunResult(self.out_dir, summary, self.metrics)
+
+    # ---- results ----------------------------------------------------------------------------------
+    def summarize(self, wall: float) -> dict[str, Any]:
+        cfg, ledger, rows = self.cfg, self.transport.ledger, self.metrics
+        best = max(rows, key=lambda row: (row["val_accuracy"], -row["round"])) if rows else {}
+        target = cfg.eval.target_val_accuracy
+        hit = next((row for row in rows if target is not None and row["val_accuracy"] >= target), None)
+        last_round = rows[-1]["round"] if rows else 0
+        return {
+            "protocol": cfg.protocol_name,
+            "dataset": cfg.dataset.name.lower(),
+            "backend": cfg.backend.name,
+            "seed": cfg.seed,
+            "rounds": last_round,
+            "best_round": best.get("round"),
+            "best_val_accuracy": best.get("val_accuracy"),
+            "test_accuracy": best.get("test_accuracy"),
+            "test_macro_f1": best.get("test_macro_f1"),
+            "test_auc": best.get("test_auc"),
+            "final_test_accuracy": rows[-1]["test_accuracy"] if rows else None,
+            "bytes_total": ledger.total(),
+            "bytes_by_kind": ledger.by_kind(include_eval=False),
+            "bytes_by_direction": ledger.by_direction(),
+            "eval_bytes": ledger.total(kind="eval", include_eval=True),
+            "sim_time_s": self.transport.clock.now,
+            "wall_time_s": wall,
+            "wall_ms_per_round": 1e3 * wall / max(last_round - self.start_round + 1, 1) if rows else None,
+            "target_val_accuracy": target,
+            "round_at_target": hit["round"] if hit else None,
+            "bytes_at_target": hit["bytes_total"] if hit else None,
+            "sim_time_at_target_s": hit["sim_time_s"] if hit else None,
+            "network": cfg.network.model_dump(),
+            "partition": getattr(self.protocol, "partition_stats", None) and self.protocol.partition_stats.summary(),
+        }
+
+    def write(self, summary: dict[str, Any]) -> None:
+        write_jsonl(self.out_dir / METRICS, self.metrics)
+        write_jsonl(self.out_dir / LEDGER, self.transport.ledger.rows())
+        write_json(self.out_dir / SUMMARY, {k: (None if isinstance(v, float) and math.isnan(v) else v)
+                                             for k, v in summary.items()})
+        if self.metrics:
+            plot_curves({"": self.metrics}, self.out_dir / PLOT,
+                        f"{summary['protocol']} on {summary['dataset']} (seed {summary['seed']})")
+
+
+def run(cfg: RunConfig, out_dir: str | Path | None = None, *, resume: bool = False, progress: bool = False,
+        data=None) -> RunResult:
+    """Build and execute a run; with ``resume`` continue from the folder's last checkpoint."""
+    job = Run(cfg, out_dir, data=data)
+    if resume:
+        job.resume()
+    return job.execute(progress=progress)

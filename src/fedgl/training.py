@@ -1,0 +1,52 @@
+"""The local training loop shared by the centralized reference and horizontal FL clients."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .config import ModelConfig, TrainConfig
+from .models import as_model_input, build_model, prepare_graph
+
+
+def make_optimizer(params, train: TrainConfig) -> torch.optim.Optimizer:
+    if train.optimizer == "adam":
+        return torch.optim.Adam(params, lr=train.lr, weight_decay=train.weight_decay)
+    return torch.optim.SGD(params, lr=train.lr, weight_decay=train.weight_decay)
+
+
+def make_model(model: ModelConfig, in_dim: int, num_classes: int) -> nn.Module:
+    return build_model(model.name, in_dim, model.hidden, num_classes, model.layers, model.dropout, **model.options)
+
+
+class LocalTrainer:
+    """A model, its optimiser and one party's graph, trained on that party's labelled nodes."""
+
+    def __init__(self, model: nn.Module, model_name: str, x, edge_index, y, train_mask, train: TrainConfig):
+        self.model = model
+        self.x = as_model_input(x)
+        self.graph = prepare_graph(edge_index, y.numel(), model_name)
+        self.y = y
+        self.train_idx = train_mask.nonzero().flatten()
+        self.optimizer = make_optimizer(model.parameters(), train)
+
+    def step(self, idx: torch.Tensor) -> float:
+        self.model.train()
+        self.optimizer.zero_grad()
+        out = self.model(self.x, self.graph)
+        loss = F.cross_entropy(out[idx], self.y[idx])
+        loss.backward()
+        self.optimizer.step()
+        return float(loss)
+
+    def train_epochs(self, epochs: int, batch_size: int | None = None) -> float:
+        """Full-batch steps, or shuffled mini-batches of training nodes; returns the mean loss."""
+        losses = []
+        for _ in range(epochs):
+            if batch_size is None or batch_size >= self.train_idx.numel():
+                losses.append(self.step(self.train_idx))
+                continue
+            order = self.train_idx[torch.randperm(self.train_idx.numel())]
+            losses.extend(self.step(batch) for batch in order.split(batch_size))
+        return sum(losses) / max(len(losses), 1)

@@ -1,0 +1,32 @@
+"""Shared fixtures: the data root, a private cache folder, and one Ray instance for the session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Processed dataset files go to a per-session folder, never into the user's cache."""
+    os.environ.setdefault("FEDGL_CACHE", str(tmp_path_factory.mktemp("fedgl-cache")))
+
+
+@pytest.fixture(scope="session")
+def data_root() -> Path:
+    root = os.environ.get("FEDGL_DATA_ROOT")
+    if not root:
+        pytest.skip("FEDGL_DATA_ROOT is not set: real datasets unavailable")
+    return Path(root)
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray instance shared by every Ray test (starting Ray costs seconds)."""
+    ray = pytest.importorskip("ray")
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=256 * 1024**2)
+    yield ray
+    ray.shutdown()

@@ -1,0 +1,101 @@
+"""The command line: bad input is one line on stderr and exit code 2; good input writes a results folder."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from fedgl.cli import main
+
+TINY = ["--dataset", "synthetic", "--set", "dataset.options.num_nodes=300", "--rounds", "3", "--quiet"]
+
+
+def fails_with(capsys, argv: list[str], *needles: str) -> str:
+    code = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1, f"expected one line, got:\n{err}"
+    for needle in needles:
+        assert needle in err, err
+    return err
+
+
+def test_unknown_dataset(capsys, tmp_path):
+    fails_with(capsys, ["run", "--dataset", "imagenet", "--out", str(tmp_path)], "imagenet", "cora")
+
+
+def test_unknown_protocol(capsys, tmp_path):
+    fails_with(capsys, ["run", "--protocol", "fedprox", "--out", str(tmp_path)], "fedprox", "fedavg")
+
+
+def test_out_of_range_setting(capsys, tmp_path):
+    fails_with(capsys, ["run", "--set", "train.lr=-1", "--out", str(tmp_path)], "train.lr", "-1")
+    fails_with(capsys, ["run", "--set", "protocol.client_fraction=2", "--out", str(tmp_path)], "client_fraction")
+
+
+def test_unknown_key(capsys, tmp_path):
+    fails_with(capsys, ["run", "--set", "train.learning_rate=0.1", "--out", str(tmp_path)], "train.learning_rate")
+
+
+def test_malformed_yaml(capsys, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  rounds: [1, 2\n  lr: 0.1\n")
+    fails_with(capsys, ["run", str(bad)], "malformed YAML", "bad.yaml", "line")
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("just a string\n")
+    fails_with(capsys, ["run", str(scalar)], "mapping")
+
+
+def test_missing_config_file(capsys, tmp_path):
+    fails_with(capsys, ["run", str(tmp_path / "nope.yaml")], "not found")
+
+
+def test_more_clients_than_nodes(capsys, tmp_path):
+    fails_with(capsys, ["run", *TINY, "--clients", "500", "--out", str(tmp_path)], "500")
+
+
+def test_missing_data_root_files(capsys, tmp_path):
+    empty = tmp_path / "empty-root"
+    empty.mkdir()
+    fails_with(capsys, ["run", "--dataset", "cora", "--data-root", str(empty), "--out", str(tmp_path / "o")],
+               "cora", str(empty))
+
+
+def test_run_writes_results_folder(capsys, tmp_path):
+    out = tmp_path / "run"
+    assert main(["run", *TINY, "--clients", "3", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"results: {out}" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    for key in ("protocol", "dataset", "backend", "seed", "rounds", "best_val_accuracy", "test_accuracy",
+                "bytes_total", "bytes_by_kind", "sim_time_s", "wall_time_s", "target_val_accuracy",
+                "round_at_target", "bytes_at_target"):
+        assert key in summary
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [1, 2, 3]
+    for key in ("train_loss", "val_accuracy", "test_accuracy", "bytes_total", "sim_time_s"):
+        assert key in rows[0]
+    assert (out / "curves.png").stat().st_size > 0 and (out / "config.yaml").exists()
+    assert main(["report", str(out), "--out", str(tmp_path / "rep")]) == 0
+    assert (tmp_path / "rep" / "report.md").read_text().count("fedavg") == 1
+
+
+def test_console_script_exit_code(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "fedgl.cli", "run", "--set", "train.rounds=0"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 2 and "train.rounds" in proc.stderr
+
+
+def test_datasets_list_names_the_root(capsys, data_root):
+    assert main(["datasets", "list", "--data-root", str(data_root)]) == 0
+    out = capsys.readouterr().out
+    assert str(data_root) in out and "cora" in out.lower()
+
+
+@pytest.mark.parametrize("argv", [["bench", "--list"], ["bench"]])
+def test_bench_lists_tasks(capsys, argv):
+    assert main(argv) == 0
+    assert "foundation-cora" in capsys.readouterr().out

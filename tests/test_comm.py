@@ -1,0 +1,160 @@
+"""The transport, ledger and clock: measured bytes, kinds, isolation, backends."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedgl.comm import LocalTransport, NetworkModel, Party, Rows, make_transport, rpc
+from fedgl.comm.payload import nbytes
+from fedgl.errors import ConfigError
+
+
+class Echo(Party):
+    def __init__(self, name: str, seed: int, width: int):
+        super().__init__(name, seed)
+        self.weight = torch.randn(width)  # drawn under the party's own seed
+        self.kept = None
+
+    @rpc(state="model", returns={"state": "model", "noise": "embedding", "steps": "control"})
+    def train(self, state, steps):
+        self.kept = state
+        return {"state": state + self.weight, "noise": torch.randn(4), "steps": steps}
+
+    @rpc(grad="gradient", returns="control")
+    def mutate(self, grad):
+        grad.add_(1.0)
+        return 0
+
+    @rpc(users="index", returns=Rows("embedding"))
+    def rows(self, users):
+        return torch.ones(len(users), 3, dtype=torch.float64)
+
+    def private(self):
+        return self.weight
+
+
+def spawn(transport, n=3, width=5):
+    return transport.spawn(Echo, [dict(name=f"c{i}", seed=i, width=width) for i in range(n)])
+
+
+def test_payload_sizes_are_element_size_times_count():
+    assert nbytes(torch.zeros(10, 3)) == 120
+    assert nbytes(torch.zeros(7, dtype=torch.long)) == 56
+    assert nbytes(torch.zeros(4, dtype=torch.float16)) == 8
+    assert nbytes({"a": torch.zeros(2), "b": [torch.zeros(3, dtype=torch.int32), 5]}) == 8 + 12 + 8
+    sparse = torch.eye(4).to_sparse()
+    assert nbytes(sparse) == 2 * 4 * 8 + 4 * 4  # COO indices + values
+    with pytest.raises(TypeError):
+        nbytes(object())
+
+
+def test_ledger_records_each_message_under_its_kind():
+    t = LocalTransport()
+    names = spawn(t)
+    t.set_round(3)
+    state = torch.zeros(5)
+    t.call_many(names, "train", state=state, steps=2)
+    ledger = t.ledger
+    assert ledger.total(kind="model") == 3 * (20 + 20)  # one model down and one up per client
+    assert ledger.total(kind="embedding") == 3 * 16
+    assert ledger.total(kind="control") == 3 * (8 + 8)
+    assert ledger.by_round() == {3: 3 * (40 + 16 + 16)}
+    assert ledger.by_direction() == {"down": 3 * 28, "up": 3 * 44}
+    assert ledger.by_party()["c1"] == {"up": 44, "down": 28}
+    assert ledger.messages(kind="model") == 6
+
+
+def test_local_transport_copies_payloads_like_a_wire():
+    t = LocalTransport()
+    name = spawn(t, n=1)[0]
+    grad = torch.zeros(3)
+    t.call(name, "mutate", grad=grad)
+    assert torch.equal(grad, torch.zeros(3)), "the client mutated the server's tensor"
+    w = torch.ones(5, requires_grad=True)
+    out = t.call(name, "train", state=w * 2, steps=1)
+    assert out["state"].grad_fn is None, "an autograd graph crossed the boundary"
+
+
+def test_only_rpc_methods_are_callable():
+    t = LocalTransport()
+    name = spawn(t, n=1)[0]
+    with pytest.raises(AttributeError, match="not a remotely callable"):
+        t.call(name, "private")
+
+
+def test_party_randomness_is_its_own():
+    """A party's draws depend on its seed only, not on other parties or the driver's RNG."""
+    a, b = LocalTransport(), LocalTransport()
+    na, nb = spawn(a, n=3), spawn(b, n=3)
+    torch.manual_seed(123)
+    ra = a.call_many(na, "train", state=torch.zeros(5), steps=1)
+    torch.manual_seed(999)
+    rb = b.call_many(list(reversed(nb)), "train", state=torch.zeros(5), steps=1)[::-1]
+    for x, y in zip(ra, rb):
+        assert torch.equal(x["state"], y["state"]) and torch.equal(x["noise"], y["noise"])
+    assert not torch.equal(ra[0]["noise"], ra[1]["noise"])
+
+
+def test_user_group_rows_are_accounted_per_user():
+    t = LocalTransport()
+    name = spawn(t, n=1)[0]
+    users = torch.tensor([0, 4, 9])
+    t.call(name, "rows", users=users)
+    per_user = t.ledger.member_bytes(name, "up")
+    assert per_user[users].tolist() == [24, 24, 24]
+    assert int(per_user.sum()) == t.ledger.total(kind="embedding") == 72
+    assert t.ledger.member_bytes(name, "down") is None  # index arg is not a Rows payload
+
+
+def test_evaluation_traffic_is_separate_and_free():
+    t = LocalTransport(NetworkModel(compute="ignore"))
+    names = spawn(t)
+    with t.evaluation():
+        t.call_many(names, "train", state=torch.zeros(5), steps=1)
+    assert t.ledger.total() == 0
+    assert t.ledger.total(kind="eval", include_eval=True) == 3 * 72
+    assert t.clock.now == 0.0
+
+
+def test_clock_charges_latency_and_bandwidth_of_the_slowest_party():
+    net = NetworkModel(bandwidth_mbps=8.0, latency_ms=10.0, compute="ignore")  # 1 byte per microsecond
+    t = LocalTransport(net)
+    names = spawn(t, n=2)
+    t.call_many(names, "train", state=torch.zeros(5), steps=1)
+    down, up = 28, 44
+    expected = (0.010 + down * 1e-6) + (0.010 + up * 1e-6)
+    assert t.clock.now == pytest.approx(expected)
+    with t.parallel():
+        t.call(names[0], "train", state=torch.zeros(5), steps=1)
+        t.call(names[1], "train", state=torch.zeros(5), steps=1)
+    assert t.clock.now == pytest.approx(2 * expected)  # side by side, not one after the other
+
+
+def test_unknown_backend_is_a_config_error():
+    with pytest.raises(ConfigError, match="unknown backend"):
+        make_transport("mpi")
+
+
+@pytest.mark.ray
+def test_ray_backend_matches_local(ray_session):
+    import sys
+
+    ray_session.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # test classes are not installed
+    local, remote = LocalTransport(), make_transport("ray", actors=2)
+    try:
+        for t in (local, remote):
+            names = spawn(t, n=3)
+            t.set_round(1)
+            t.call_many(names, "train", state=torch.arange(5.0), steps=3)
+            t.call(names[2], "rows", users=torch.tensor([1, 2]))
+        out_l = local.call_many(["c0", "c1", "c2"], "train", state=torch.ones(5), steps=1)
+        out_r = remote.call_many(["c0", "c1", "c2"], "train", state=torch.ones(5), steps=1)
+        for a, b in zip(out_l, out_r):
+            assert torch.equal(a["state"], b["state"]) and torch.equal(a["noise"], b["noise"])
+        assert local.ledger.rows() == remote.ledger.rows()
+        assert torch.equal(local.ledger.member_bytes("c2", "up"), remote.ledger.member_bytes("c2", "up"))
+        snap = remote.snapshot()
+        assert set(snap) == {"c0", "c1", "c2"} and torch.equal(snap["c0"]["kept"], torch.ones(5))
+    finally:
+        remote.close()
