@@ -7,6 +7,7 @@ code 2; a traceback means a bug in fedgl.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -76,15 +77,17 @@ def _datasets(args: argparse.Namespace) -> int:
 
     from .data import check_dataset, dataset_names, dataset_status, resolve_data_root
 
-    console.print(f"data root: {resolve_data_root(args.data_root)}")
+    root = resolve_data_root(args.data_root)
+    console.print(f"data root: {root}")
     names = args.names or dataset_names()
     table = Table()
     if args.action == "list":
-        for column in ("dataset", "status", "source", "path", "detail"):
+        for column in ("dataset", "status", "source", "folder (under the data root)", "detail"):
             table.add_column(column)
         for name in names:
             st = dataset_status(name, args.data_root)
-            table.add_row(st.name, "present" if st.present else "missing", st.source, st.path, st.detail)
+            folder = os.path.relpath(st.path, root) if st.path.startswith(root) else st.path
+            table.add_row(st.name, "present" if st.present else "missing", st.source, folder, st.detail)
         console.print(table)
         return 0
     failed = 0

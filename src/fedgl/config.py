@@ -11,9 +11,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import ConfigError
+
+
+DEFAULT_PROTOCOL = "fedavg"
 
 
 class Section(BaseModel):
@@ -74,19 +77,20 @@ class RunConfig(Section):
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
-    protocol: dict[str, Any] = Field(default_factory=lambda: {"name": "fedavg"})
+    protocol: dict[str, Any] = Field(default_factory=lambda: {"name": DEFAULT_PROTOCOL})
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     backend: BackendConfig = Field(default_factory=BackendConfig)
     network: NetworkConfig = Field(default_factory=NetworkConfig)
     checkpoint_every: int = Field(0, ge=0, description="rounds between checkpoints; 0 = none")
 
-    @model_validator(mode="after")
-    def _protocol_known(self) -> "RunConfig":
+    @field_validator("protocol")
+    @classmethod
+    def _protocol_known(cls, section: dict[str, Any]) -> dict[str, Any]:
+        """Validate with the protocol's own options model and store its complete, defaulted form."""
         from .protocols import protocol_options
 
-        self.protocol = protocol_options(self.protocol).model_dump() | {"name": self.protocol_name}
-        return self
+        return protocol_options({"name": DEFAULT_PROTOCOL, **section}).model_dump()
 
     @property
     def protocol_name(self) -> str:

@@ -38,7 +38,7 @@ class LocalTrainer:
         loss = F.cross_entropy(out[idx], self.y[idx])
         loss.backward()
         self.optimizer.step()
-        return float(loss)
+        return loss.item()
 
     def train_epochs(self, epochs: int, batch_size: int | None = None) -> float:
         """Full-batch steps, or shuffled mini-batches of training nodes; returns the mean loss."""

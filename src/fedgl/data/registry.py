@@ -1,0 +1,348 @@
+"""Where each benchmark dataset lives on disk and how PyTorch Geometric reads it.
+
+One table (``DATASETS``) maps a canonical name to the PyG loader, the folder layout under the
+data root and the raw files that must be there. A user-supplied data root is treated as
+read-only: PyG always writes ``processed/`` next to ``raw/``, so the raw files are symlinked
+into a writable mirror under the cache folder and PyG is pointed at the mirror. Only the
+default cache root may be downloaded into.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib
+import importlib.util
+import os
+import socket
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+from torch_geometric.data import Data
+from torch_geometric.utils import coalesce, remove_self_loops, to_undirected
+
+from fedgl.errors import DataError
+
+DOWNLOAD_TIMEOUT = 10.0
+"""Seconds a download socket may stay silent before the attempt is abandoned."""
+
+SYNTHETIC = "synthetic"
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """How to find and read one real dataset.
+
+    ``folder`` is the PyG ``root`` relative to the data root, ``subdir`` the dataset folder
+    under it (the one holding ``raw/``), and ``files`` the files expected in ``subdir``.
+    """
+
+    loader: str
+    folder: str
+    subdir: str
+    files: tuple[str, ...]
+    kwargs: Mapping[str, object] = field(default_factory=dict)
+    undirected: bool = True
+    fixed_split: str | None = None
+    aliases: tuple[str, ...] = ()
+    detail: str = ""
+    fallback_folder: str | None = None
+    fallback_detail: str = ""
+
+    def relative_dir(self, folder: str | None = None) -> str:
+        return f"{folder or self.folder}/{self.subdir}".rstrip("/")
+
+    @property
+    def package(self) -> str:
+        return self.loader.split(".")[0]
+
+
+def _planetoid(name: str, folder: str = "planetoid", **extra: object) -> DatasetSpec:
+    parts = ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")
+    files = tuple(f"raw/ind.{name.lower()}.{part}" for part in parts)
+    return DatasetSpec("torch_geometric.datasets:Planetoid", folder, name, files,
+                       kwargs={"name": name}, fixed_split="public", **extra)
+
+
+def _wikipedia(name: str) -> DatasetSpec:
+    files = ("raw/out1_node_feature_label.txt", "raw/out1_graph_edges.txt",
+             *(f"raw/{name}_split_0.6_0.2_{i}.npz" for i in range(10)))
+    return DatasetSpec("torch_geometric.datasets:WikipediaNetwork", "wikipedia_network",
+                       f"{name}/geom_gcn", files,
+                       kwargs={"name": name, "geom_gcn_preprocess": True},
+                       undirected=False, fixed_split="geom-gcn",
+                       detail="geom-gcn preprocessed, directed, 10 fixed splits, "
+                              "self loops removed")
+
+
+def _npz(loader: str, folder: str, name: str, file: str, alias: str) -> DatasetSpec:
+    return DatasetSpec(f"torch_geometric.datasets:{loader}", folder, name, (f"raw/{file}",),
+                       kwargs={"name": name}, aliases=(alias,))
+
+
+DATASETS: dict[str, DatasetSpec] = {
+    "cora": _planetoid("Cora"),
+    "citeseer": _planetoid("CiteSeer"),
+    "pubmed": _planetoid(
+        "PubMed", fallback_folder="planetoid_pubmed_approx",
+        fallback_detail="PubMed from planetoid_pubmed_approx (reconstructed allx)"),
+    "cs": _npz("Coauthor", "coauthor", "CS", "ms_academic_cs.npz", "coauthor-cs"),
+    "physics": _npz("Coauthor", "coauthor", "Physics", "ms_academic_phy.npz", "coauthor-physics"),
+    "computers": _npz("Amazon", "amazon", "Computers", "amazon_electronics_computers.npz",
+                      "amazon-computers"),
+    "photo": _npz("Amazon", "amazon", "Photo", "amazon_electronics_photo.npz", "amazon-photo"),
+    "chameleon": _wikipedia("chameleon"),
+    "squirrel": _wikipedia("squirrel"),
+    "wikics": DatasetSpec("torch_geometric.datasets:WikiCS", "wikics", "", ("raw/data.json",),
+                          kwargs={"is_undirected": True}, fixed_split="public",
+                          aliases=("wiki-cs",), detail="20 fixed splits"),
+    "reddit": DatasetSpec("torch_geometric.datasets:Reddit", "reddit", "",
+                          ("raw/reddit_data.npz", "raw/reddit_graph.npz"), fixed_split="public"),
+    "flickr": DatasetSpec("torch_geometric.datasets:Flickr", "flickr", "",
+                          ("raw/adj_full.npz", "raw/feats.npy", "raw/class_map.json",
+                           "raw/role.json"), fixed_split="public"),
+    "ogbn-arxiv": DatasetSpec(
+        "ogb.nodeproppred:PygNodePropPredDataset", "ogb", "ogbn_arxiv",
+        ("RELEASE_v1.txt", "raw/edge.csv.gz", "raw/node-feat.csv.gz", "raw/node-label.csv.gz",
+         "raw/num-node-list.csv.gz", "raw/num-edge-list.csv.gz", "split/time/train.csv.gz",
+         "split/time/valid.csv.gz", "split/time/test.csv.gz"),
+        kwargs={"name": "ogbn-arxiv"}, undirected=False, fixed_split="public",
+        aliases=("arxiv",), detail="directed, OGB time split"),
+}
+
+
+@dataclass(frozen=True)
+class DatasetStatus:
+    """What ``fedgl datasets list`` shows for one dataset."""
+
+    name: str
+    source: str
+    present: bool
+    path: str
+    detail: str
+
+
+def dataset_names() -> list[str]:
+    return [*DATASETS, SYNTHETIC]
+
+
+def canonical_name(name: str) -> str:
+    """Map a user-given name (any case, aliases, ``_`` for ``-``) to its canonical form."""
+    if not isinstance(name, str):
+        raise DataError(f"dataset name must be a string, got {type(name).__name__}")
+    key = name.strip().lower().replace("_", "-")
+    if key in DATASETS or key == SYNTHETIC:
+        return key
+    for canonical, spec in DATASETS.items():
+        if key in spec.aliases:
+            return canonical
+    raise DataError(f"unknown dataset {name!r}; known datasets: {', '.join(dataset_names())}")
+
+
+def _env_path(variable: str) -> str | None:
+    value = os.environ.get(variable, "").strip()
+    return value or None
+
+
+def cache_root(cache_dir: str | None = None) -> Path:
+    """Writable cache folder: ``cache_dir`` > ``$FEDGL_CACHE`` > ``~/.cache/fedgl``."""
+    chosen = cache_dir or _env_path("FEDGL_CACHE") or "~/.cache/fedgl"
+    return Path(chosen).expanduser().absolute()
+
+
+def default_data_root() -> Path:
+    return cache_root() / "datasets"
+
+
+def resolve_data_root(root: str | None = None) -> str:
+    """Data root: explicit ``root`` > ``$FEDGL_DATA_ROOT`` > ``<cache>/datasets``."""
+    chosen = root or _env_path("FEDGL_DATA_ROOT")
+    return str(Path(chosen).expanduser().absolute()) if chosen else str(default_data_root())
+
+
+def _downloads_allowed(data_root: str) -> bool:
+    return os.path.realpath(data_root) == os.path.realpath(default_data_root())
+
+
+def _locate(spec: DatasetSpec, data_root: str) -> tuple[str, str] | None:
+    """The folder holding all of ``spec``'s files (and its status detail), or None."""
+    candidates = [(spec.folder, spec.detail)]
+    if spec.fallback_folder:
+        candidates.append((spec.fallback_folder, spec.fallback_detail))
+    for folder, detail in candidates:
+        base = Path(data_root, spec.relative_dir(folder))
+        if all((base / file).is_file() for file in spec.files):
+            return folder, detail
+    return None
+
+
+def _expected_files(spec: DatasetSpec, data_root: str) -> str:
+    """The missing files of ``spec``'s primary folder, as a short one-line list."""
+    base = Path(data_root, spec.relative_dir())
+    missing = [f"{spec.relative_dir()}/{f}" for f in spec.files if not (base / f).is_file()]
+    shown = ", ".join(missing[:3]) + (f" (+{len(missing) - 3} more)" if len(missing) > 3 else "")
+    alternative = f" (or the same under {spec.fallback_folder}/)" if spec.fallback_folder else ""
+    return f"expected {shown}{alternative}"
+
+
+def _missing_message(name: str, spec: DatasetSpec, data_root: str) -> str:
+    return (f"dataset {name!r} not found under {data_root}: "
+            f"{_expected_files(spec, data_root)} (pass root= or set FEDGL_DATA_ROOT)")
+
+
+def _loader_class(name: str, spec: DatasetSpec) -> type:
+    module, attribute = spec.loader.split(":")
+    try:
+        return getattr(importlib.import_module(module), attribute)
+    except ImportError as exc:
+        raise DataError(f"dataset {name!r} needs the {spec.package!r} package: "
+                        f"pip install {spec.package}") from exc
+
+
+def dataset_status(name: str, root: str | None = None) -> DatasetStatus:
+    """Whether a dataset can be loaded from ``root`` and from where, without loading it."""
+    name = canonical_name(name)
+    if name == SYNTHETIC:
+        return DatasetStatus(name, "generated", True, "", "contextual stochastic block model")
+    spec = DATASETS[name]
+    data_root = resolve_data_root(root)
+    found = _locate(spec, data_root)
+    if found is not None:
+        folder, detail = found
+        status = DatasetStatus(name, "local files", True,
+                               str(Path(data_root, spec.relative_dir(folder))), detail)
+    elif _downloads_allowed(data_root):
+        status = DatasetStatus(name, "download", False, str(Path(data_root, spec.relative_dir())),
+                               "downloaded on first load")
+    else:
+        status = DatasetStatus(name, "local files", False,
+                               str(Path(data_root, spec.relative_dir())),
+                               _expected_files(spec, data_root))
+    if importlib.util.find_spec(spec.package) is None:
+        note = f"needs the {spec.package!r} package: pip install {spec.package}"
+        status = replace(status, detail="; ".join(filter(None, (note, status.detail))))
+    return status
+
+
+@contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    """Serialise PyG processing across processes so nobody reads a half-written file."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+@contextmanager
+def _socket_timeout(seconds: float) -> Iterator[None]:
+    previous = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(seconds)
+    try:
+        yield
+    finally:
+        socket.setdefaulttimeout(previous)
+
+
+def _mirror(name: str, source: Path, relative_dir: str, cache: Path) -> Path:
+    """Symlink every non-processed file of ``source`` into a writable mirror; return its base.
+
+    The mirror is keyed by the source path and the files' sizes and mtimes, so replacing a
+    raw file (e.g. the reconstructed PubMed ``allx``) leads to fresh processing.
+    """
+    files = sorted(
+        Path(folder, file).relative_to(source)
+        for folder, dirs, names in os.walk(source, followlinks=True)
+        if "processed" not in Path(folder).relative_to(source).parts
+        for file in names
+    )
+    digest = hashlib.sha256(os.path.realpath(source).encode())
+    for file in files:
+        stat = (source / file).stat()
+        digest.update(f"\0{file}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
+    base = cache / "mirrors" / f"{name}-{digest.hexdigest()[:12]}"
+    for file in files:
+        link = base / relative_dir / file
+        if not link.is_symlink():
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to((source / file).resolve())
+    return base
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+
+
+def read_graph(name: str, root: str | None = None, cache_dir: str | None = None) -> Data:
+    """Read a real dataset through PyG and normalise it.
+
+    Returns ``Data`` with float32 ``x``, 1-D long ``y``, a coalesced ``edge_index`` without
+    self loops (symmetrised for undirected datasets) and, for datasets that ship splits,
+    ``train_mask``/``val_mask``/``test_mask`` of shape ``[N, num_splits]``.
+    """
+    spec = DATASETS[name]
+    loader = _loader_class(name, spec)
+    data_root = resolve_data_root(root)
+    cache = cache_root(cache_dir)
+    found = _locate(spec, data_root)
+    if found is None and not _downloads_allowed(data_root):
+        raise DataError(_missing_message(name, spec, data_root))
+    with _exclusive(cache / "locks" / f"{name}.lock"):
+        if found is None:
+            try:
+                with _socket_timeout(DOWNLOAD_TIMEOUT):
+                    dataset = loader(root=str(Path(data_root, spec.folder)), **spec.kwargs)
+            except Exception as exc:
+                if _locate(spec, data_root) is not None:
+                    raise DataError(f"could not process dataset {name!r} under {data_root}: "
+                                    f"{_one_line(exc)}") from exc
+                raise DataError(f"{_missing_message(name, spec, data_root)}; download failed "
+                                f"({_one_line(exc)})") from exc
+        else:
+            folder, _ = found
+            relative_dir = spec.relative_dir(folder)
+            base = (Path(data_root) if _downloads_allowed(data_root)
+                    else _mirror(name, Path(data_root, relative_dir), relative_dir, cache))
+            try:
+                dataset = loader(root=str(base / folder), **spec.kwargs)
+            except Exception as exc:
+                raise DataError(f"could not read dataset {name!r} from "
+                                f"{Path(data_root, relative_dir)}: {_one_line(exc)} (delete "
+                                f"{base / relative_dir / 'processed'} to rebuild it)") from exc
+    return _normalise(spec, dataset)
+
+
+def _fixed_masks(dataset: object, data: Data) -> tuple[torch.Tensor, ...]:
+    """The shipped split(s) as three ``[N, K]`` bool masks."""
+    num_nodes = data.num_nodes
+    if hasattr(dataset, "get_idx_split"):
+        index = dataset.get_idx_split()
+        masks = []
+        for key in ("train", "valid", "test"):
+            mask = torch.zeros(num_nodes, 1, dtype=torch.bool)
+            mask[index[key].view(-1), 0] = True
+            masks.append(mask)
+        return tuple(masks)
+    masks = [data[key].bool() for key in ("train_mask", "val_mask", "test_mask")]
+    width = max(mask.size(1) if mask.dim() == 2 else 1 for mask in masks)
+    return tuple(
+        (mask if mask.dim() == 2 else mask.view(-1, 1)).expand(num_nodes, width).contiguous()
+        for mask in masks
+    )
+
+
+def _normalise(spec: DatasetSpec, dataset: object) -> Data:
+    data = dataset[0]
+    num_nodes = data.num_nodes
+    x = data.x.to_dense() if data.x.is_sparse else data.x
+    edge_index, _ = remove_self_loops(data.edge_index.long())
+    if spec.undirected:
+        edge_index = to_undirected(edge_index, num_nodes=num_nodes)
+    else:
+        edge_index = coalesce(edge_index, num_nodes=num_nodes)
+    graph = Data(x=x.to(torch.float32), y=data.y.view(-1).long(), edge_index=edge_index)
+    if spec.fixed_split:
+        graph.train_mask, graph.val_mask, graph.test_mask = _fixed_masks(dataset, data)
+    return graph
