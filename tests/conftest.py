@@ -6,6 +6,11 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
+
+# The test graphs are small: one thread is faster than two, and immune to oversubscription when the
+# machine is busy. Ray hosts take the driver's thread count, so both backends match.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session", autouse=True)
