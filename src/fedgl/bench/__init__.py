@@ -13,6 +13,9 @@ from .core import BenchTask, Variant, run_task
 
 MODULES: dict[str, str] = {
     "foundation": "fedgl.bench.foundation",
+    "glasu": "fedgl.bench.glasu",
+    "nfedgnn": "fedgl.bench.nfedgnn",
+    "swift": "fedgl.bench.swift",
 }
 
 

@@ -1,0 +1,182 @@
+"""GLASU's tables: Table 2 (accuracy against its baselines), Table 3 (lazy aggregation K), Table 4
+(stale updates Q, time to an accuracy threshold), Table 5 (number of clients M) and Figure 3
+(backbones), over the Planetoid graphs, plus Coauthor CS and Amazon Computers (not in the paper).
+
+Every baseline is a configuration of the ``glasu`` protocol: centralized is one client holding every
+feature and edge with aggregation at every layer; standalone is K = 0 (clients never communicate);
+simulated centralized keeps every edge on every client and aggregates at every layer (K = L).
+Runtimes are on the simulated clock (1 Gbps links, 1 ms latency, measured compute); the paper's are
+seconds on its GPU cluster, so only their ratios compare. docs/glasu.md explains the settings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .core import BenchTask, Variant
+
+PAPER = "Zhang, Hong & Chen, GLASU (arXiv:2303.09531): Tables 2-5 and Figure 3"
+LAYERS = 4
+
+_COMMON: dict[str, Any] = {
+    "partition": {"num_clients": 3, "method": "random", "edge_keep": 0.8},
+    "model": {"name": "gcnii", "layers": LAYERS, "hidden": 128, "dropout": 0.5},
+    "protocol": {"name": "glasu", "K": 2, "Q": 4, "S": 16, "batches": 32, "fanout": 3, "sampling": "layerwise"},
+    "train": {"rounds": 16, "optimizer": "adam", "lr": 0.01, "weight_decay": 5e-4},
+    "network": {"bandwidth_mbps": 1000.0, "latency_ms": 1.0, "compute": "measured"},
+}
+
+# Per-dataset settings on top of the common ones.
+_DATASETS: dict[str, dict[str, Any]] = {  # the authors' random splits: 60 / 84 / 320 training nodes per class
+    "cora": {"dataset.name": "cora", "dataset.split": "random", "dataset.options": {"train_per_class": 60}},
+    "citeseer": {"dataset.name": "citeseer", "dataset.split": "random", "dataset.options": {"train_per_class": 84}},
+    "pubmed": {"dataset.name": "pubmed", "dataset.split": "random", "dataset.options": {"train_per_class": 320}},
+    "cs": {"dataset.name": "cs", "dataset.split": "random", "dataset.options": {"train_per_class": 20}},
+    "computers": {"dataset.name": "computers", "dataset.split": "random", "dataset.options": {"train_per_class": 20}},
+}
+
+CENTRALIZED = {"partition.num_clients": 1, "partition.edge_keep": 1.0, "protocol.K": LAYERS, "protocol.Q": 1}
+STANDALONE = {"protocol.K": 0, "protocol.Q": 1}
+SIMULATED = {"partition.edge_keep": 1.0, "protocol.K": LAYERS, "protocol.Q": 1}
+GLASU_1 = {"protocol.Q": 1}
+GLASU_4 = {"protocol.Q": 4}
+
+_TABLE2 = {  # test accuracy (%) from Table 2: Cent., StAl., Sim., GLASU-1, GLASU-4
+    "cora": (80.9, 74.6, 80.1, 81.0, 80.3),
+    "pubmed": (84.9, 77.2, 82.7, 82.3, 83.8),
+    "citeseer": (70.2, 64.4, 70.0, 70.0, 68.8),
+}
+_METHODS = (("Cent.", CENTRALIZED), ("StAl.", STANDALONE), ("Sim.", SIMULATED), ("GLASU-1", GLASU_1),
+            ("GLASU-4", GLASU_4))
+
+
+def _acc(percent: float | None) -> dict[str, float]:
+    return {} if percent is None else {"test_accuracy": percent / 100}
+
+
+def _table2() -> list[Variant]:
+    return [Variant(f"{dataset} {label}", {**_DATASETS[dataset], **overrides}, _acc(paper[i]))
+            for dataset, paper in _TABLE2.items() for i, (label, overrides) in enumerate(_METHODS)]
+
+
+class RuntimeSaving:
+    """Derived column for Table 3: the simulated-time saving of each run against the first variant
+    (K = L) run with the same seed, in percent.
+
+    ``run_task`` runs every seed of a variant, from seed 0, before the next variant, so a run with
+    seed 0 opens a new variant; the first variant's times are the references.
+    """
+
+    def __init__(self, num_variants: int):
+        self.num_variants = num_variants
+        self.variant = -1
+        self.reference: dict[int, float] = {}
+
+    def __call__(self, summary: dict[str, Any]) -> dict[str, Any]:
+        if summary["seed"] == 0:
+            self.variant = (self.variant + 1) % self.num_variants
+        if self.variant == 0:
+            self.reference[summary["seed"]] = summary["sim_time_s"]
+        base = self.reference.get(summary["seed"])
+        return {"runtime_saving_pct": 100 * (1 - summary["sim_time_s"] / base) if base else None}
+
+
+_K_VALUES = ((LAYERS, 82.5, 130.0, None), (2, 83.8, 96.6, 25.7), (1, 82.2, 81.3, 37.5))
+_Q_VALUES = ((2, 82.5, 66.1), (4, 82.0, 43.8), (8, 82.1, 88.9), (16, None, None))
+_TABLE5 = {  # Table 5: (Cent., StAl. M=3/5/7, GLASU M=3/5/7)
+    "citeseer": (70.2, (64.4, 44.6, 36.6), (68.8, 69.5, 69.4)),
+    "pubmed": (84.9, (77.2, 73.8, 67.0), (83.8, 84.6, 84.4)),
+}
+
+
+def _table5() -> list[Variant]:
+    variants = []
+    for dataset, (cent, stal, glasu) in _TABLE5.items():
+        variants.append(Variant(f"{dataset} Cent.", {**_DATASETS[dataset], **CENTRALIZED}, _acc(cent)))
+        for M, standalone, ours in zip((3, 5, 7), stal, glasu):
+            clients = {"partition.num_clients": M}
+            variants.append(Variant(f"{dataset} StAl. M={M}", {**_DATASETS[dataset], **STANDALONE, **clients},
+                                    _acc(standalone)))
+            variants.append(Variant(f"{dataset} GLASU M={M}", {**_DATASETS[dataset], **GLASU_4, **clients}, _acc(ours)))
+    return variants
+
+
+_QUICK = {"train.rounds": 2, "protocol.batches": 4}
+
+TASKS: dict[str, BenchTask] = {
+    "glasu-table2": BenchTask(
+        name="glasu-table2",
+        description="GLASU Table 2: test accuracy of centralized (M=1), standalone (K=0), simulated centralized "
+                    "(all edges, K=L), GLASU-1 (Q=1) and GLASU-4 (Q=4), 3 clients, 4-layer GCNII, K=2, S=16.",
+        base=_COMMON,
+        variants=_table2(),
+        columns=["test_accuracy", "best_val_accuracy", "bytes_total", "sim_time_s"],
+        seeds=5,
+        quick=_QUICK,
+        source=f"{PAPER}, Table 2",
+    ),
+    "glasu-table3": BenchTask(
+        name="glasu-table3",
+        description="GLASU Table 3 (PubMed): lazy aggregation with K = 4, 2, 1 aggregation layers (Q=4): accuracy, "
+                    "simulated runtime and its saving against K = 4.",
+        base=_COMMON,
+        variants=[Variant(f"K={K}", {**_DATASETS["pubmed"], "protocol.K": K},
+                          {**_acc(acc), "sim_time_s": time, **({"runtime_saving_pct": saving} if saving else {})})
+                  for K, acc, time, saving in _K_VALUES],
+        columns=["test_accuracy", "sim_time_s", "runtime_saving_pct", "bytes_total"],
+        seeds=5,
+        quick=_QUICK,
+        derive=RuntimeSaving(len(_K_VALUES)),
+        source=f"{PAPER}, Table 3 (runtimes there are seconds on 3 V100 GPUs; ours are simulated)",
+    ),
+    "glasu-table4": BenchTask(
+        name="glasu-table4",
+        description="GLASU Table 4 (PubMed): stale updates Q = 2, 4, 8, 16: simulated time until validation "
+                    "accuracy first reaches 80% (the paper: test accuracy 82%).",
+        base={**_COMMON, "eval": {"target_val_accuracy": 0.80, "stop_at_target": True}},
+        variants=[Variant(f"Q={Q}", {**_DATASETS["pubmed"], "protocol.Q": Q, "protocol.batches": 8,
+                                     "train.rounds": 48},
+                          {**_acc(acc), **({"sim_time_at_target_s": time} if time else {})})
+                  for Q, acc, time in _Q_VALUES],
+        columns=["sim_time_at_target_s", "round_at_target", "test_accuracy", "bytes_at_target"],
+        seeds=5,
+        quick=_QUICK,
+        source=f"{PAPER}, Table 4 (the paper's Q=16 never reaches the threshold within 128 s)",
+    ),
+    "glasu-table5": BenchTask(
+        name="glasu-table5",
+        description="GLASU Table 5: centralized, standalone and GLASU-4 with M = 3, 5, 7 clients on CiteSeer "
+                    "and PubMed.",
+        base=_COMMON,
+        variants=_table5(),
+        columns=["test_accuracy", "best_val_accuracy", "bytes_total"],
+        seeds=5,
+        quick=_QUICK,
+        source=f"{PAPER}, Table 5",
+    ),
+    "glasu-figure3": BenchTask(
+        name="glasu-figure3",
+        description="GLASU Figure 3 (PubMed): GLASU-4 with GCN, GAT and GCNII backbones; every run's "
+                    "metrics.jsonl holds its accuracy curve (`fedgl report <runs>` overlays them).",
+        base=_COMMON,
+        variants=[Variant(backbone, {**_DATASETS["pubmed"], "model.name": backbone})
+                  for backbone in ("gcn", "gat", "gcnii")],
+        columns=["test_accuracy", "final_test_accuracy", "best_round", "sim_time_s"],
+        seeds=5,
+        quick=_QUICK,
+        source=f"{PAPER}, Figure 3 (curves only; no numbers to compare)",
+    ),
+    "glasu-extra": BenchTask(
+        name="glasu-extra",
+        description="Beyond the paper: centralized, standalone and GLASU-4 on Coauthor CS and Amazon Computers "
+                    "(3 clients, random 20-per-class splits).",
+        base=_COMMON,
+        variants=[Variant(f"{dataset} {label}", {**_DATASETS[dataset], **overrides})
+                  for dataset in ("cs", "computers")
+                  for label, overrides in (("Cent.", CENTRALIZED), ("StAl.", STANDALONE), ("GLASU-4", GLASU_4))],
+        columns=["test_accuracy", "best_val_accuracy", "bytes_total", "sim_time_s"],
+        seeds=5,
+        quick=_QUICK,
+        source="not in the paper",
+    ),
+}

@@ -1,0 +1,183 @@
+"""nFedGNN paper reproductions: Figures 4-9 (accuracy and training loss over 200 rounds, the lambda
+sweeps) and Table 1 (total upload in MB over 200 rounds, counted by the ledger).
+
+Every run is one user per node at full scale with the paper's settings: GCN 16 hidden, dropout 0.5,
+lr 0.1; GAT 8 heads x 16 hidden (model.hidden 128), dropout 0.6, lr 0.01; Adam with weight decay 5e-4 on both sides;
+200 rounds, all users every round. The centralized model with the same architecture is the
+reference line. ``plot_results`` draws the figures from a finished task folder.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from .core import BenchTask, Variant
+
+ROUNDS = 200
+MODELS = {
+    "gcn": {"model.name": "gcn", "model.hidden": 16, "model.layers": 2, "model.dropout": 0.5, "model.options": {},
+            "train.lr": 0.1},
+    "gat": {"model.name": "gat", "model.hidden": 128, "model.layers": 2, "model.dropout": 0.6,
+            "model.options": {"heads": 8}, "train.lr": 0.01},
+}
+# the centralized reference trains with its own paper's learning rate (GCN, GAT: 0.01 with Adam)
+CENTRALIZED_LR = 0.01
+CITATION = ("cora", "citeseer", "pubmed")
+WIKI = ("chameleon", "squirrel")
+LAMBDA_GRID = {"citation": (0.1, 1, 10, 100, 300), "wiki": (1, 10, 100, 500)}  # Section 4.2
+# lambda for the nFedGNN curves: the best of the paper's grid in our seed-0 sweeps (docs/nfedgnn.md);
+# Wiki-CS and the GAT runs other than Cora were not swept and use the Cora value
+BEST_LAMBDA = {"gcn": {"cora": 300.0, "citeseer": 300.0, "pubmed": 100.0, "chameleon": 500.0, "squirrel": 10.0,
+                       "wikics": 300.0},
+               "gat": {"cora": 300.0, "citeseer": 300.0, "pubmed": 300.0, "chameleon": 300.0, "squirrel": 300.0}}
+
+# Table 1 (MB over 200 rounds; the values are N x (uploaded floats) x 4 bytes x 200 in MiB)
+TABLE1 = {
+    ("nfedgnn", "gcn"): {"cora": 34.06, "citeseer": 40.61, "pubmed": 240.69, "chameleon": 27.80, "squirrel": 63.49,
+                         "wikics": 142.83},
+    ("nfedgnn", "gat"): {"cora": 264.45, "citeseer": 324.90, "pubmed": 1.93e3, "chameleon": 222.36,
+                         "squirrel": 507.91, "wikics": 1.14e3},
+    ("cnfgnn", "gcn"): {"cora": 4.74e4, "citeseer": 1.50e5, "pubmed": 1.21e5, "chameleon": 6.47e4, "squirrel": 1.33e5,
+                        "wikics": 4.31e4},
+    ("cnfgnn", "gat"): {"cora": 3.79e5, "citeseer": 1.20e6, "pubmed": 9.64e5, "chameleon": 5.17e5, "squirrel": 1.06e6,
+                        "wikics": 3.44e5},
+}
+# accuracies the paper states in its text: the centralized GCN on Cora (Fig. 3) and nFedGNN's best on Cora
+PAPER_ACCURACY = {("centralized", "gcn", "cora"): 0.815, ("nfedgnn", "gcn", "cora"): 0.719}
+
+COLUMNS = ["test_accuracy", "final_test_accuracy", "best_val_accuracy", "upload_mib", "bytes_total",
+           "wall_ms_per_round"]
+_BASE = {"train": {"rounds": ROUNDS, "weight_decay": 5e-4, "optimizer": "adam"}, "network": {"compute": "ignore"},
+         "dataset": {"name": "cora"}, "protocol": {"name": "nfedgnn"}}
+_QUICK = {"train.rounds": 10}
+
+
+def upload_mib(summary: dict[str, Any]) -> dict[str, Any]:
+    """Table 1's measure: everything the users uploaded over the run, in MiB (the paper's 'MB')."""
+    return {"upload_mib": summary["bytes_by_direction"].get("up", 0) / 2**20}
+
+
+def method_variant(dataset: str, model: str, method: str, lam: float | None = None,
+                   label: str | None = None) -> Variant:
+    overrides = {"dataset.name": dataset, **MODELS[model], "protocol.name": method}
+    if method == "centralized":
+        overrides["train.lr"] = CENTRALIZED_LR
+    if method == "nfedgnn":
+        overrides["protocol.lam"] = BEST_LAMBDA[model][dataset] if lam is None else lam
+    reference: dict[str, float] = {}
+    if (method, model) in TABLE1:
+        reference["upload_mib"] = TABLE1[(method, model)][dataset]
+    if lam is None and (method, model, dataset) in PAPER_ACCURACY:
+        reference["test_accuracy"] = PAPER_ACCURACY[(method, model, dataset)]
+    return Variant(label or f"{dataset} {method}", overrides, reference)
+
+
+def comparison_task(name: str, figure: str, model: str, datasets: tuple[str, ...]) -> BenchTask:
+    variants = [method_variant(d, model, m) for d in datasets for m in ("centralized", "nfedgnn", "cnfgnn")]
+    return BenchTask(
+        name=name,
+        description=f"{figure}: nFedGNN (best lambda) vs CNFGNN, split {model.upper()}, one user per node, "
+                    f"{ROUNDS} rounds on {', '.join(datasets)}; the centralized {model.upper()} as reference.",
+        base=_BASE, variants=variants, columns=COLUMNS, seeds=3, quick=_QUICK, derive=upload_mib,
+        source=f"nFedGNN paper, {figure} and Table 1 (upload_mib); Fig. 3 and Sec. 4.2 text for Cora accuracies")
+
+
+def lambda_task(name: str, figure: str, model: str, datasets: tuple[str, ...], grid: tuple[float, ...]) -> BenchTask:
+    variants = [method_variant(d, model, "nfedgnn", lam, f"{d} lambda={lam:g}") for d in datasets
+                for lam in (0.0, *grid)]
+    variants += [method_variant(d, model, "centralized") for d in datasets]
+    return BenchTask(
+        name=name,
+        description=f"{figure}: nFedGNN with split {model.upper()} for lambda in {{0, {', '.join(map(str, grid))}}} "
+                    f"on {', '.join(datasets)} ({ROUNDS} rounds; lambda = 0 is no regulariser).",
+        base=_BASE, variants=variants, columns=COLUMNS, seeds=3, quick=_QUICK, derive=upload_mib,
+        source=f"nFedGNN paper, {figure}; lambda grids of Section 4.2")
+
+
+def table1_task() -> BenchTask:
+    variants = [method_variant(d, model, method, label=f"{d} {method} {model}")
+                for model in MODELS for d in (*CITATION, *WIKI) for method in ("nfedgnn", "cnfgnn")]
+    return BenchTask(
+        name="nfedgnn-table1",
+        description="Table 1: total upload (latents; for CNFGNN also the user models) over 200 rounds in MiB, "
+                    "counted by the ledger, beside the paper's numbers; full byte totals include the downlink.",
+        base={**_BASE, "eval": {"every": ROUNDS}}, variants=variants,
+        columns=["upload_mib", "bytes_total", "wall_ms_per_round"], seeds=1, quick=_QUICK, derive=upload_mib,
+        source="nFedGNN paper, Table 1")
+
+
+def round_time_task() -> BenchTask:
+    variants = [method_variant("pubmed", model, method, label=f"pubmed {method} {model}")
+                for model in MODELS for method in ("nfedgnn", "cnfgnn")]
+    return BenchTask(
+        name="nfedgnn-pubmed-round",
+        description="Wall time of one round with all 19,717 PubMed users (20 rounds, one evaluation at the end).",
+        base={**_BASE, "train": {**_BASE["train"], "rounds": 20}, "eval": {"every": 20}}, variants=variants,
+        columns=["wall_ms_per_round", "upload_mib", "bytes_total"], seeds=1, quick={"train.rounds": 3},
+        derive=upload_mib, source="nFedGNN paper, Section 4.1 (all users every round)")
+
+
+TASKS: dict[str, BenchTask] = {t.name: t for t in (
+    comparison_task("nfedgnn-fig4-gcn", "Figure 4", "gcn", CITATION),
+    comparison_task("nfedgnn-fig6-gcn", "Figure 6", "gcn", WIKI),
+    comparison_task("nfedgnn-fig6-gcn-wikics", "Figure 6 (Wiki-CS)", "gcn", ("wikics",)),
+    comparison_task("nfedgnn-fig7-gat", "Figure 7", "gat", CITATION),
+    comparison_task("nfedgnn-fig8-gat", "Figure 8", "gat", WIKI),
+    lambda_task("nfedgnn-fig5-lambda", "Figure 5", "gcn", CITATION, LAMBDA_GRID["citation"]),
+    lambda_task("nfedgnn-lambda-wiki", "Lambda search (Sec. 4.2)", "gcn", WIKI, LAMBDA_GRID["wiki"]),
+    lambda_task("nfedgnn-fig9-lambda-gat", "Figure 9", "gat", CITATION, LAMBDA_GRID["citation"]),
+    table1_task(),
+    round_time_task(),
+)}
+
+
+# ---- figures ---------------------------------------------------------------------------------------------
+def _mean_curves(folders: list[str], key: str) -> tuple[list[int], list[float]]:
+    runs = []
+    for folder in folders:
+        rows = [json.loads(line) for line in (Path(folder) / "metrics.jsonl").read_text().splitlines() if line]
+        runs.append({r["round"]: r[key] for r in rows if r.get(key) is not None})
+    rounds = sorted(set.intersection(*(set(r) for r in runs))) if runs else []
+    return rounds, [statistics.fmean(r[t] for r in runs) for t in rounds]
+
+
+def plot_results(task_dir: str | Path) -> Path:
+    """Test accuracy and training loss against rounds, mean over seeds, one row per dataset
+    (the layout of the paper's figures); written to ``figure.png`` in the task folder."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    task_dir = Path(task_dir)
+    runs = json.loads((task_dir / "results.json").read_text())
+    by_dataset: dict[str, dict[str, list[str]]] = {}
+    for r in runs:
+        series = r["variant"].removeprefix(f"{r['dataset']} ")
+        by_dataset.setdefault(r["dataset"], {}).setdefault(series, []).append(r["folder"])
+    fig, axes = plt.subplots(len(by_dataset), 2, figsize=(10, 3.4 * len(by_dataset)), squeeze=False)
+    for (dataset, series), (acc_ax, loss_ax) in zip(by_dataset.items(), axes):
+        for label, folders in series.items():
+            style = {"color": "grey", "linestyle": "--"} if label.startswith("centralized") else {}
+            acc_ax.plot(*_mean_curves(folders, "test_accuracy"), label=label, **style)
+            loss_ax.plot(*_mean_curves(folders, "train_loss"), label=label, **style)
+        acc_ax.set(title=f"{dataset}: test accuracy", xlabel="round", ylabel="accuracy")
+        loss_ax.set(title=f"{dataset}: training loss", xlabel="round", ylabel="loss", yscale="log")
+        acc_ax.legend(fontsize="small")
+        for ax in (acc_ax, loss_ax):
+            ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = task_dir / "figure.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+if __name__ == "__main__":
+    import sys
+
+    for folder in sys.argv[1:]:
+        print(plot_results(folder))

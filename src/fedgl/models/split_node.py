@@ -1,0 +1,312 @@
+"""Split first layer for node-level federated learning (nFedGNN, CNFGNN).
+
+A GNN layer written as encoding-then-message-passing (nFedGNN, Appendix B) splits cleanly between
+parties: the Update ``x_i W_i`` runs on user i, the aggregation over neighbours and every later
+layer on the server, which holds the topology. This module holds both halves:
+
+* ``UserFeatures`` / ``BatchedOptimizer``: the whole user population as batched tensors. User i's
+  weight matters only through ``x_i W_i``, so a row of ``W_i`` for a feature that is zero in
+  ``x_i`` never changes anything user i sends; each user therefore keeps the rows of its own
+  non-zero features (its *support*), stored back to back for all users as one ``[nnz, D]``
+  tensor. This is exact (Adam is element-wise, so the kept entries evolve as in a dense ``W_i``)
+  and costs ``nnz * D`` floats instead of ``N * F * D`` (PubMed: 63 MB instead of 631 MB for GCN,
+  before the optimiser's two moment buffers).
+* ``SplitGCN`` / ``SplitGAT``: the server side, taking the users' latent vectors ``[N, D]``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+from torch.optim.adam import adam
+from torch_geometric.nn import GATConv
+from torch_geometric.nn.conv.gcn_conv import gcn_norm
+from torch_geometric.utils import add_self_loops, remove_self_loops, softmax
+
+from ..errors import ConfigError
+
+SPLIT_MODELS = ("gcn", "gat")
+
+
+# ---- the user population ---------------------------------------------------------------------------
+@dataclass
+class UserFeatures:
+    """Every user's non-zero features, sorted by user: entry k is ``x[row[k], col[k]] = val[k]``."""
+
+    row: Tensor
+    col: Tensor
+    val: Tensor
+    num_users: int
+    num_features: int
+
+    @classmethod
+    def from_dense(cls, x: Tensor, normalize: bool) -> "UserFeatures":
+        """``normalize`` divides each user's vector by its sum (Kipf & Welling's preprocessing), a
+        purely local step each user can take on its own data."""
+        if normalize:
+            total = x.sum(dim=1, keepdim=True)
+            x = x / torch.where(total == 0, torch.ones_like(total), total)
+        row, col = x.nonzero(as_tuple=True)
+        return cls(row, col, x[row, col], x.size(0), x.size(1))
+
+    def entries(self, users: Tensor | None) -> Tensor | None:
+        """Indices of the listed users' entries (None: every user, every entry); ``users`` ascending."""
+        if users is None:
+            return None
+        if users.numel() > 1 and not bool((users[1:] > users[:-1]).all()):
+            raise ValueError("user ids must be strictly increasing")
+        member = torch.zeros(self.num_users, dtype=torch.bool)
+        member[users] = True
+        return member[self.row].nonzero().squeeze(1)
+
+    def positions(self, users: Tensor | None, idx: Tensor | None) -> Tensor:
+        """For each selected entry, the position of its user in ``users`` (its row in a message)."""
+        if users is None:
+            return self.row
+        pos = torch.full((self.num_users,), -1, dtype=torch.long)
+        pos[users] = torch.arange(users.numel())
+        return pos[self.row[idx]]
+
+
+def pick(t: Tensor, idx: Tensor | None) -> Tensor:
+    return t if idx is None else t[idx]
+
+
+def glorot_bound(fan_in: int, fan_out: int) -> float:
+    return math.sqrt(6.0 / (fan_in + fan_out))
+
+
+def init_support_weights(features: UserFeatures, dim: int, shared: bool, generator: torch.Generator | None = None
+                         ) -> tuple[Tensor, Tensor | None]:
+    """Glorot-uniform first-layer weights on every user's support.
+
+    ``shared``: every user starts from one dense ``[F, D]`` matrix (returned too); otherwise each
+    user draws its own, as separately initialised local models would.
+    """
+    bound = glorot_bound(features.num_features, dim)
+    if shared:
+        dense = (torch.rand(features.num_features, dim, generator=generator) * 2 - 1) * bound
+        return dense[features.col].clone(), dense
+    return (torch.rand(features.col.numel(), dim, generator=generator) * 2 - 1) * bound, None
+
+
+def project(features: UserFeatures, weight: Tensor, idx: Tensor | None, pos: Tensor, scale: Tensor | None,
+            rows: int) -> Tensor:
+    """Latent vectors ``x_i W_i`` of the selected users, as ``[rows, D]``: one CSR product whose row i
+    holds user i's feature values against its own weight rows (``pos`` is non-decreasing)."""
+    val = pick(features.val, idx)
+    if scale is not None:
+        val = val * scale
+    crow = torch.zeros(rows + 1, dtype=torch.long)
+    crow[1:] = torch.bincount(pos, minlength=rows).cumsum(0)
+    entries = torch.sparse_csr_tensor(crow, torch.arange(val.numel()), val, (rows, val.numel()),
+                                      check_invariants=False)
+    return entries @ pick(weight, idx)
+
+
+def support_gradient(features: UserFeatures, grad: Tensor, idx: Tensor | None, pos: Tensor,
+                     scale: Tensor | None) -> Tensor:
+    """d(loss)/d(W_i) on the support, from d(loss)/d(latent_i): the outer product ``x_i g_i^T``."""
+    val = pick(features.val, idx)
+    if scale is not None:
+        val = val * scale
+    return grad.index_select(0, pos).mul_(val.unsqueeze(1))
+
+
+class BatchedOptimizer:
+    """Adam or SGD over rows owned by many users, each user with its own step count.
+
+    Each row follows ``torch.optim.Adam``/``SGD`` (L2 weight decay added to the gradient) exactly, so a
+    user's weights evolve as if it ran its own optimiser; only participating users' rows and step
+    counts change in a round.
+    """
+
+    def __init__(self, param: Tensor, owner: Tensor, num_owners: int, kind: str, lr: float, weight_decay: float,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
+        self.kind, self.lr, self.weight_decay, self.betas, self.eps = kind, lr, weight_decay, betas, eps
+        self.owner = owner
+        self.steps = torch.zeros(num_owners, dtype=torch.long)
+        self.exp_avg = torch.zeros_like(param) if kind == "adam" else None
+        self.exp_avg_sq = torch.zeros_like(param) if kind == "adam" else None
+
+    def step(self, param: Tensor, grad: Tensor, idx: Tensor | None, owners: Tensor | None) -> None:
+        """Update ``param[idx]`` (all rows if None) whose owners ``owners`` (all if None) take a step.
+
+        ``grad`` is consumed (updated in place)."""
+        if idx is None and self.kind == "adam" and bool((self.steps == self.steps[0]).all()):
+            # every user at the same step (full participation): one fused pass is the same update
+            step = torch.tensor(float(self.steps[0]))
+            self.steps += 1
+            beta1, beta2 = self.betas
+            adam([param], [grad], [self.exp_avg], [self.exp_avg_sq], [], [step], fused=True, amsgrad=False,
+                 beta1=beta1, beta2=beta2, lr=self.lr, weight_decay=self.weight_decay, eps=self.eps, maximize=False)
+            return
+        if owners is None:
+            self.steps += 1
+        else:
+            self.steps[owners] += 1
+        p = pick(param, idx)
+        g = grad.add_(p, alpha=self.weight_decay) if self.weight_decay else grad
+        if self.kind == "sgd":
+            p.add_(g, alpha=-self.lr)
+        else:
+            beta1, beta2 = self.betas
+            t = self.steps.double()
+            step_size = (self.lr / (1 - beta1**t)).float()[pick(self.owner, idx)].unsqueeze(1)
+            correction = (1 - beta2**t).sqrt().float()[pick(self.owner, idx)].unsqueeze(1)
+            m = pick(self.exp_avg, idx).lerp_(g, 1 - beta1)
+            v = pick(self.exp_avg_sq, idx).mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            p.sub_(g.copy_(v).sqrt_().div_(correction).add_(self.eps).reciprocal_().mul_(m).mul_(step_size))
+            if idx is not None:
+                self.exp_avg.index_copy_(0, idx, m)
+                self.exp_avg_sq.index_copy_(0, idx, v)
+        if idx is not None:
+            param.index_copy_(0, idx, p)
+
+    def nbytes(self) -> int:
+        buffers = [self.steps] + [b for b in (self.exp_avg, self.exp_avg_sq) if b is not None]
+        return sum(b.element_size() * b.numel() for b in buffers)
+
+
+# ---- the server side ---------------------------------------------------------------------------------
+@dataclass
+class ServerGraph:
+    """The topology as the server's layers use it: edges with self loops, and GCN weights on them."""
+
+    src: Tensor
+    dst: Tensor
+    gcn_weight: Tensor
+    num_nodes: int
+
+    @property
+    def edge_index(self) -> Tensor:
+        return torch.stack([self.src, self.dst])
+
+
+def prepare_server_graph(edge_index: Tensor, num_nodes: int) -> ServerGraph:
+    """Self loops added once; GCN's symmetric normalisation ``D^-1/2 (A + I) D^-1/2`` as in ``GCNConv``."""
+    looped, _ = add_self_loops(remove_self_loops(edge_index)[0], num_nodes=num_nodes)
+    _, weight = gcn_norm(looped, None, num_nodes, add_self_loops=False)
+    return ServerGraph(looped[0], looped[1], weight, num_nodes)
+
+
+def propagate(graph: ServerGraph, h: Tensor, weight: Tensor) -> Tensor:
+    """``out[dst] += weight * h[src]`` over every edge (works for ``[N, D]`` and ``[N, H, D]``)."""
+    w = weight.view(-1, *([1] * (h.dim() - 1)))
+    return torch.zeros_like(h).index_add_(0, graph.dst, w * h[graph.src])
+
+
+class SplitGCN(nn.Module):
+    """GCN whose first layer starts at the aggregation: ``Â Z + b``, then standard GCN layers."""
+
+    def __init__(self, latent_dim: int, hidden: int, out_dim: int, num_layers: int, dropout: float):
+        super().__init__()
+        self.dropout = dropout
+        self.bias0 = nn.Parameter(torch.zeros(latent_dim))
+        dims = [latent_dim] + [hidden] * (num_layers - 2) + [out_dim] if num_layers > 1 else []
+        self.lins = nn.ModuleList(nn.Linear(a, b, bias=False) for a, b in zip(dims[:-1], dims[1:]))
+        self.biases = nn.ParameterList(nn.Parameter(torch.zeros(b)) for b in dims[1:])
+        for lin in self.lins:
+            nn.init.xavier_uniform_(lin.weight)
+
+    def forward(self, z: Tensor, graph: ServerGraph) -> Tensor:
+        h = propagate(graph, z, graph.gcn_weight) + self.bias0
+        for lin, bias in zip(self.lins, self.biases):
+            h = F.dropout(F.relu(h), self.dropout, self.training)
+            h = propagate(graph, lin(h), graph.gcn_weight) + bias
+        return h
+
+
+class SplitGAT(nn.Module):
+    """GAT whose first layer receives per-head projections ``x'_{i,l}`` and does the attention.
+
+    Layer 1: ``ELU(concat_l sum_j alpha^l_ij x'_{j,l} + b)``, with ``alpha^l`` from the server's
+    attention vectors (Appendix D, Eq. 9). Later layers are ``GATConv``; the last has one head, as
+    in the original Cora GAT.
+    """
+
+    def __init__(self, heads: int, head_dim: int, hidden: int, out_dim: int, num_layers: int, dropout: float):
+        super().__init__()
+        self.heads, self.head_dim, self.dropout = heads, head_dim, dropout
+        bound = glorot_bound(heads, head_dim)
+        self.att_src = nn.Parameter((torch.rand(heads, head_dim) * 2 - 1) * bound)
+        self.att_dst = nn.Parameter((torch.rand(heads, head_dim) * 2 - 1) * bound)
+        self.bias0 = nn.Parameter(torch.zeros(heads * head_dim))
+        width = heads * head_dim
+        self.convs = nn.ModuleList(
+            [GATConv(width, hidden // heads, heads=heads, dropout=dropout) for _ in range(num_layers - 2)]
+            + [GATConv(width, out_dim, heads=1, concat=False, dropout=dropout)]
+        )
+
+    def forward(self, z: Tensor, graph: ServerGraph) -> Tensor:
+        h = z.view(-1, self.heads, self.head_dim)
+        score = (h * self.att_src).sum(-1)[graph.src] + (h * self.att_dst).sum(-1)[graph.dst]
+        alpha = softmax(F.leaky_relu(score, 0.2), graph.dst, num_nodes=graph.num_nodes)
+        alpha = F.dropout(alpha, self.dropout, self.training)
+        h = torch.zeros_like(h).index_add_(0, graph.dst, alpha.unsqueeze(-1) * h[graph.src])
+        h = F.elu(h.reshape(h.size(0), -1) + self.bias0)
+        for i, conv in enumerate(self.convs):
+            h = conv(F.dropout(h, self.dropout, self.training), graph.edge_index)
+            if i < len(self.convs) - 1:
+                h = F.elu(h)
+        return h
+
+
+@dataclass(frozen=True)
+class SplitShape:
+    """Sizes of a split model: the latent each user sends (``heads`` blocks of ``head_dim``)."""
+
+    name: str
+    heads: int
+    head_dim: int
+    hidden: int
+    out_dim: int
+    num_layers: int
+    dropout: float
+
+    @property
+    def latent_dim(self) -> int:
+        return self.heads * self.head_dim
+
+
+def split_shape(name: str, hidden: int, out_dim: int, num_layers: int, dropout: float, options: dict) -> SplitShape:
+    """Validate a model config for splitting. As for the centralized backbones, ``hidden`` is a layer's
+    total width (GAT: ``heads`` heads of ``hidden // heads``); each user sends ``hidden`` values."""
+    name = name.lower()
+    if name not in SPLIT_MODELS:
+        raise ConfigError(f"model.name {name!r} cannot be split per user; allowed: {', '.join(SPLIT_MODELS)}")
+    allowed = {"heads"} if name == "gat" else set()
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise ConfigError(f"model.options {', '.join(unknown)} not supported by split {name}; "
+                          f"allowed: {', '.join(sorted(allowed)) or 'none'}")
+    if name == "gcn":
+        return SplitShape(name, 1, hidden if num_layers > 1 else out_dim, hidden, out_dim, num_layers, dropout)
+    heads = options.get("heads", 8)
+    if not isinstance(heads, int) or heads < 1 or hidden % heads:
+        raise ConfigError(f"model.options.heads must be an integer >= 1 dividing model.hidden={hidden} (got {heads!r})")
+    if num_layers < 2:
+        raise ConfigError(f"split gat needs model.layers >= 2 (got {num_layers})")
+    return SplitShape(name, heads, hidden // heads, hidden, out_dim, num_layers, dropout)
+
+
+def build_server_model(shape: SplitShape) -> nn.Module:
+    if shape.name == "gcn":
+        return SplitGCN(shape.latent_dim, shape.hidden, shape.out_dim, shape.num_layers, shape.dropout)
+    return SplitGAT(shape.heads, shape.head_dim, shape.hidden, shape.out_dim, shape.num_layers, shape.dropout)
+
+
+def laplacian_penalty(z: Tensor, graph: ServerGraph, heads: int, per_head: bool) -> Tensor:
+    """Eq. 6: mean over neighbour pairs (self included in the count) of ``||z_i - z_j||^2``.
+
+    ``per_head=False`` first averages a multi-head latent over its heads (the second variant of
+    Appendix D); per head, the head terms add up, i.e. the distance of the concatenated latents.
+    """
+    if not per_head and heads > 1:
+        z = z.view(z.size(0), heads, -1).mean(1)
+    diff = z[graph.src] - z[graph.dst]
+    return diff.pow(2).sum() / graph.src.numel()

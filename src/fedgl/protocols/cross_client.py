@@ -1,0 +1,530 @@
+"""Cross-client mini-batch training over horizontal subgraphs (Swift-FedGNN, Eq. 3-8).
+
+Shared by Swift-FedGNN, FedGNN-G, FedGNN-PNS, FedSage and LLCG's local phase. Nodes are split
+disjointly among clients; a client knows which of its nodes have remote in-neighbours (their
+global ids) but not who holds them. The server holds only the routing table (owner and local
+index of every node).
+
+One training client's step with cross-client neighbours (Algorithm 2) runs as a short chain of
+calls the server relays:
+
+1. sampling, top-down: the owner of every frontier node samples its in-neighbours (local or
+   remote) and reports the remote picks; the server routes each pick to the pick's owner, which
+   adds it to its own frontier, and so on down to the input layer (messages of kind ``index``);
+2. aggregation, bottom-up, one call per layer: each owner sums its layer-(l-1) embeddings of the
+   picks it holds per (target node, owner) pair, Eq. (5), and sends one vector per pair
+   (``embedding``) with the number of rows summed (``index``); the server adds the vectors of
+   each target across owners, Eq. (6), and sends one vector per target to the target's owner,
+   which combines it with its local neighbours, Eq. (7), and applies the layer, Eq. (8);
+3. the training client computes the loss on its batch and returns its gradient (``gradient``).
+
+Remote contributions reach the training client as detached constants: the training client's
+gradient flows through its own nodes' computation only (see docs/swift-architecture.md).
+A remote client answers a first-layer pair only if it sums at least ``min_aggregate`` non-zero
+feature rows, so no raw feature row ever leaves its owner.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from pydantic import Field, field_validator
+from torch import Tensor, nn
+from torch.nn import functional as F
+from torch_geometric.data import Data
+
+from ..comm import Party, rpc
+from ..config import ModelConfig, TrainConfig
+from ..errors import ConfigError
+from ..evaluation import Evaluator
+from ..models import Backbone, as_model_input, select_rows
+from ..models.graph import canonical_model_name, feature_dropout, feature_linear
+from ..partition import partition_horizontal
+from ..sampling import CSR, sample_neighbors
+from ..training import make_model, make_optimizer
+from .base import Protocol, ProtocolOptions
+
+SPLITTABLE = ("sage", "gin")  # element-wise aggregators: mean (GraphSAGE) and sum (GIN)
+FEATURE_DENSITY = 0.1  # feature matrices sparser than this are computed on as sparse rows
+
+
+# ---- the backbone's layers applied to aggregates assembled elsewhere --------------------------------
+def check_model(model: ModelConfig) -> None:
+    name = canonical_model_name(model.name)
+    if name not in SPLITTABLE:
+        raise ConfigError(f"model.name {model.name!r} cannot be split across clients (cross-client aggregation "
+                          f"needs an element-wise aggregator); allowed: sage, gin")
+
+
+def _first_linear(model: Backbone, layer: int) -> nn.Linear:
+    conv = model.layers[layer]
+    return conv.lin_l if model.name == "sage" else conv.nn[0]
+
+
+def neigh(model: Backbone, layer: int, h: Tensor) -> Tensor:
+    """The bias-free linear map GraphSAGE and GIN apply to the neighbour aggregate of layer
+    ``layer``. It is linear, so it is applied to each party's rows or partial sums before adding."""
+    return feature_linear(h, _first_linear(model, layer).weight)
+
+
+def update(model: Backbone, layer: int, h_self: Tensor, neigh_sum: Tensor, neigh_count: Tensor) -> Tensor:
+    """Layer ``layer`` (as the backbone's own layer computes it) from the nodes' own (dropped-out)
+    inputs and the sum, through ``neigh``, and count of their neighbours' inputs."""
+    conv = model.layers[layer]
+    bias = _first_linear(model, layer).bias
+    if model.name == "sage":
+        out = neigh_sum / neigh_count.clamp(min=1).unsqueeze(1) + bias + feature_linear(h_self, conv.lin_r.weight)
+    else:
+        out = conv.nn[2](F.relu(neigh_sum + (1 + conv.eps) * neigh(model, layer, h_self) + bias))
+    return model.activation(out) if layer < model.num_layers - 1 else out
+
+
+def block_layer(model: Backbone, layer: int, h_in: Tensor, n_dst: int, src: Tensor, dst: Tensor,
+                extra_rows: Tensor | None = None, extra_sum: Tensor | None = None,
+                extra_count: Tensor | None = None) -> Tensor:
+    """Layer ``layer`` for the first ``n_dst`` rows of ``h_in`` (the layer's input, after dropout)
+    from edges src -> dst (positions), plus partial sums of input rows (and their row counts)
+    received from other parties for rows ``extra_rows``."""
+    projected = neigh(model, layer, h_in)
+    total = torch.zeros(n_dst, projected.size(1)).index_add(0, dst, projected[src])
+    count = torch.bincount(dst, minlength=n_dst).float()
+    if extra_rows is not None and extra_rows.numel():
+        total = total.index_add(0, extra_rows, neigh(model, layer, extra_sum))
+        count = count.index_add(0, extra_rows, extra_count.float())
+    own = h_in[:n_dst] if h_in.layout == torch.strided else select_rows(h_in, torch.arange(n_dst))
+    return update(model, layer, own, total, count)
+
+
+def dense_rows(h: Tensor, index: Tensor) -> Tensor:
+    rows = select_rows(h, index)
+    return rows if rows.layout == torch.strided else rows.to_dense()
+
+
+# ---- neighbour sampling ----------------------------------------------------------------------------
+def sample_hop(csr: CSR, seeds: Tensor, fanout: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """Up to ``fanout`` distinct in-neighbours of each seed (``-1``: all of them), as
+    (position of the seed in ``seeds``, neighbour column) per pick."""
+    if seeds.numel() == 0:
+        return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
+    sub = sample_neighbors(csr, seeds, [fanout], generator)
+    src, dst = sub.blocks[0].edge_index
+    return dst, sub.n_id[src]
+
+
+# ---- one party's share of one training client's sampled computation graph --------------------------
+@dataclass
+class Plan:
+    """What one owner holds of one training client's sampled L-hop neighbourhood.
+
+    ``nodes[l]`` are the owner's local ids needed at level l (level L: the batch; level 0: inputs);
+    ``nodes[l]`` is a prefix of ``nodes[l-1]``, so a node's own previous embedding is at the same
+    position. Layer l maps level l-1 to level l through the owner's local picks (``src``/``dst``
+    positions), partial sums received for ``remote_rows`` and the pairs it serves for others.
+    """
+
+    grad: bool
+    nodes: dict[int, Tensor] = field(default_factory=dict)
+    picks: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)  # layer -> (dst pos, local nbr id)
+    incoming: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)  # layer -> (local id, pair id)
+    src: dict[int, Tensor] = field(default_factory=dict)
+    dst: dict[int, Tensor] = field(default_factory=dict)
+    serve_src: dict[int, Tensor] = field(default_factory=dict)
+    serve_pair: dict[int, Tensor] = field(default_factory=dict)
+    remote_rows: dict[int, Tensor] = field(default_factory=dict)
+    remote_sum: dict[int, Tensor] = field(default_factory=dict)
+    remote_count: dict[int, Tensor] = field(default_factory=dict)
+    h: dict[int, Tensor] = field(default_factory=dict)
+    h_in: dict[int, Tensor] = field(default_factory=dict)
+
+    def form(self, level: int, num_local: int) -> None:
+        """Fix ``nodes[level]``: the level above, its local picks and the picks routed here."""
+        if level in self.nodes:
+            return
+        above = self.nodes.get(level + 1, torch.zeros(0, dtype=torch.long))
+        dst, nbr = self.picks.pop(level + 1, (torch.zeros(0, dtype=torch.long),) * 2)
+        routed, pair = self.incoming.pop(level + 1, (torch.zeros(0, dtype=torch.long),) * 2)
+        pos = torch.full((num_local,), -1, dtype=torch.long)
+        pos[above] = torch.arange(above.numel())
+        fresh = torch.cat([nbr, routed])
+        fresh = torch.unique(fresh[pos[fresh] < 0])
+        nodes = torch.cat([above, fresh])
+        pos[fresh] = torch.arange(above.numel(), nodes.numel())
+        self.nodes[level] = nodes
+        self.src[level + 1], self.dst[level + 1] = pos[nbr], dst
+        if routed.numel():
+            self.serve_src[level + 1], self.serve_pair[level + 1] = pos[routed], pair
+
+    def embeddings(self, level: int, model: Backbone, x: Tensor) -> Tensor:
+        """This owner's layer-``level`` embeddings of ``nodes[level]``, computed once per step."""
+        if level not in self.h:
+            self.form(level, x.size(0))
+            with torch.set_grad_enabled(self.grad):
+                if level == 0:
+                    self.h[0] = select_rows(x, self.nodes[0])
+                else:
+                    self.h[level] = block_layer(
+                        model, level - 1, self.inputs(level - 1, model, x), self.nodes[level].numel(),
+                        self.src[level], self.dst[level], self.remote_rows.get(level),
+                        self.remote_sum.get(level), self.remote_count.get(level))
+        return self.h[level]
+
+    def inputs(self, level: int, model: Backbone, x: Tensor) -> Tensor:
+        """The input of layer ``level + 1``: the embeddings after dropout, one mask per node, used
+        both for the owner's own targets and for the sums it sends."""
+        if level not in self.h_in:
+            h = self.embeddings(level, model, x)
+            with torch.set_grad_enabled(self.grad):
+                self.h_in[level] = feature_dropout(h, model.dropout, model.training)
+        return self.h_in[level]
+
+    def reusable(self) -> "Plan":
+        """The same sampled neighbourhood with its received remote sums, for recomputation later."""
+        return Plan(True, nodes=dict(self.nodes), src=dict(self.src), dst=dict(self.dst),
+                    remote_rows=dict(self.remote_rows), remote_sum=dict(self.remote_sum),
+                    remote_count=dict(self.remote_count))
+
+
+# ---- the client ----------------------------------------------------------------------------------
+class CrossClient(Party):
+    """A client holding one horizontal shard: trains on it and serves partial sums to others."""
+
+    def __init__(self, name: str, seed: int, shard: Any, model: ModelConfig, train: TrainConfig,
+                 num_features: int, num_classes: int, batch_size: int | None, fanouts: list[int],
+                 min_aggregate: int = 2):
+        super().__init__(name, seed)
+        self.model = make_model(model, num_features, num_classes)
+        self.train_cfg = train
+        self.x = shard.x.float()
+        self.features = as_model_input(self.x, FEATURE_DENSITY)
+        self.y = shard.y
+        self.global_ids = shard.nodes
+        self.train_mask = shard.train_mask
+        self.train_idx = shard.train_mask.nonzero().flatten()
+        self.batch_size = batch_size
+        self.fanouts = list(fanouts)
+        self.min_aggregate = min_aggregate
+        self.nonzero = (self.x != 0).any(dim=1)
+        n = shard.num_nodes
+        self.generator = torch.Generator().manual_seed(seed)
+        self.local_csr = CSR.from_edge_index(shard.edge_index, n)
+        # Remote in-neighbours become columns n, n+1, ... of the full adjacency (rows past n stay
+        # empty); their global ids are all the client knows about them.
+        self.remote_ids, remote_col = torch.unique(shard.cross_edges[1], return_inverse=True)
+        cross = torch.stack([remote_col + n, shard.cross_edges[0]])
+        self.full_csr = CSR.from_edge_index(torch.cat([shard.edge_index, cross], 1), n + self.remote_ids.numel())
+        self.plans: dict[str, Plan] = {}
+        self.reuse: Plan | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+
+    @property
+    def levels(self) -> int:
+        return self.model.num_layers
+
+    # ---- building plans ------------------------------------------------------------------------
+    def _batch(self) -> Tensor:
+        idx = self.train_idx
+        if self.batch_size is None or self.batch_size >= idx.numel():
+            return idx
+        return idx[torch.randperm(idx.numel(), generator=self.generator)[: self.batch_size]]
+
+    def _sample(self, plan: Plan, level: int, csr: CSR) -> dict[str, Tensor]:
+        """Sample layer ``level``'s in-neighbours of ``nodes[level]``; keep the local picks, return
+        the remote ones (position of the target, global id of the neighbour) for the server."""
+        n = self.x.size(0)
+        plan.form(level, n)
+        dst, col = sample_hop(csr, plan.nodes[level], self.fanouts[level - 1], self.generator)
+        local = col < n
+        plan.picks[level] = (dst[local], col[local])
+        targets = dst[~local]
+        plan.remote_rows[level] = torch.unique(targets)
+        return {"targets": targets, "ids": self.remote_ids[col[~local] - n]}
+
+    def _own_plan(self, csr: CSR) -> tuple[Plan, dict[str, Tensor]]:
+        plan = Plan(grad=True)
+        plan.nodes[self.levels] = self._batch()
+        return plan, self._sample(plan, self.levels, csr)
+
+    def _local_plan(self) -> Plan:
+        """Algorithm 3: a batch and its L-hop neighbourhood in the local subgraph only."""
+        plan, _ = self._own_plan(self.local_csr)
+        for level in range(self.levels - 1, 0, -1):
+            self._sample(plan, level, self.local_csr)
+        return plan
+
+    def _loss(self, plan: Plan) -> Tensor:
+        self.model.train()
+        out = plan.embeddings(self.levels, self.model, self.features)
+        return F.cross_entropy(out, self.y[plan.nodes[self.levels]])
+
+    def _gradient(self, plan: Plan) -> dict[str, Any]:
+        self.model.zero_grad(set_to_none=False)
+        loss = self._loss(plan)
+        loss.backward()
+        grads = {name: p.grad.detach().clone() for name, p in self.model.named_parameters()}
+        return {"gradient": grads, "loss": float(loss.detach())}
+
+    # ---- remote calls --------------------------------------------------------------------------
+    @rpc(state="model", returns={"gradient": "gradient", "loss": "control", "targets": "index", "ids": "index"})
+    def begin(self, state: dict[str, Tensor], mode: str) -> dict[str, Any]:
+        """Start an iteration with the global parameters: 'local' (Algorithm 3) returns a gradient;
+        'cross' (Algorithm 2) returns the batch's remote picks; 'reuse' recomputes the last
+        cross-client neighbourhood with the remote sums received then (FedGNN-PNS)."""
+        self.model.load_state_dict(state)
+        self.plans = {}
+        if self.train_idx.numel() == 0:
+            return {}
+        if mode == "reuse" and self.reuse is not None:
+            return self._gradient(self.reuse.reusable())
+        if mode != "cross":
+            return self._gradient(self._local_plan())
+        plan, picks = self._own_plan(self.full_csr)
+        self.plans[self.name] = plan
+        return picks
+
+    @rpc(incoming="index", returns="index")
+    def route(self, level: int, incoming: dict[str, dict[str, Tensor]]) -> dict[str, dict[str, Tensor]]:
+        """Take the nodes routed here as picks of layer level+1 and sample level ``level``."""
+        self._receive(level + 1, incoming)
+        out = {}
+        for trainer, plan in self.plans.items():
+            picks = self._sample(plan, level, self.full_csr)
+            if picks["ids"].numel():
+                out[trainer] = picks
+        return out
+
+    @rpc(incoming="index", remote="embedding", counts="index", returns={"sums": "embedding", "counts": "index"})
+    def propagate(self, layer: int, incoming: dict[str, dict[str, Tensor]] | None = None,
+                  remote: dict[str, Tensor] | None = None, counts: dict[str, Tensor] | None = None) -> dict:
+        """Receive the cross-owner sums for layer ``layer-1`` (Eq. 6) and return this owner's
+        partial sums for layer ``layer`` (Eq. 5): one vector per (target, owner) pair."""
+        self._receive(layer, incoming or {})
+        self._store(layer - 1, remote or {}, counts or {})
+        sums, sizes = {}, {}
+        for trainer, plan in self.plans.items():
+            plan.form(layer - 1, self.x.size(0))
+            if layer not in plan.serve_pair:
+                continue
+            pair, src = plan.serve_pair[layer], plan.serve_src[layer]
+            rows = dense_rows(plan.inputs(layer - 1, self.model, self.features).detach(), src)
+            npairs = int(pair.max()) + 1
+            total = torch.zeros(npairs, rows.size(1)).index_add_(0, pair, rows)
+            size = torch.bincount(pair, minlength=npairs)
+            if layer == 1 and self.min_aggregate > 1:
+                # Raw features leave only inside sums of at least ``min_aggregate`` non-zero rows.
+                nonzero = torch.bincount(pair, weights=self.nonzero[plan.nodes[0][src]].double(), minlength=npairs)
+                withheld = nonzero < self.min_aggregate
+                total[withheld] = 0
+                size[withheld] = 0
+            sums[trainer], sizes[trainer] = total, size
+        return {"sums": sums, "counts": sizes}
+
+    @rpc(remote="embedding", counts="index", returns={"gradient": "gradient", "loss": "control"})
+    def finish(self, remote: dict[str, Tensor], counts: dict[str, Tensor], keep: bool = False) -> dict[str, Any]:
+        """Eq. (7)-(8) on the batch with the last layer's cross-owner sums; return the gradient."""
+        self._store(self.levels, remote, counts)
+        plan = self.plans.pop(self.name)
+        out = self._gradient(plan)
+        if keep:
+            self.reuse = plan.reusable()
+        self.plans = {}
+        return out
+
+    def _receive(self, layer: int, incoming: dict[str, dict[str, Tensor]]) -> None:
+        for trainer, msg in incoming.items():
+            plan = self.plans.setdefault(trainer, Plan(grad=trainer == self.name))
+            plan.incoming[layer] = (msg["u"], msg["pair"])
+
+    def _store(self, layer: int, remote: dict[str, Tensor], counts: dict[str, Tensor]) -> None:
+        for trainer, rows in remote.items():
+            plan = self.plans[trainer]
+            plan.remote_sum[layer], plan.remote_count[layer] = rows, counts[trainer]
+
+
+# ---- the server's routing of picks and sums --------------------------------------------------------
+@dataclass
+class LayerRoute:
+    """How one training client's picks of one layer map to pairs and targets."""
+
+    pair_counts: Tensor  # pairs served by each owner (owner order = pair order)
+    target_of_pair: Tensor  # target row of every pair
+    target_counts: Tensor  # target rows held by each owner
+
+
+class Router:
+    """The server's routing table: which client owns a node and the node's local index there."""
+
+    def __init__(self, owner: Tensor, local_index: Tensor, names: list[str]):
+        self.owner = owner
+        self.local_index = local_index
+        self.names = names
+        self.index = {name: i for i, name in enumerate(names)}
+
+    def route(self, picks: dict[str, dict[str, dict[str, Tensor]]]) -> tuple[dict[str, dict], dict[str, LayerRoute]]:
+        """Group remote picks {trainer: {target owner: {targets, ids}}} into (target, owner) pairs;
+        return the requests {owner: {trainer: {u, pair}}} and each trainer's route for combining."""
+        m = len(self.names)
+        requests: dict[str, dict[str, dict[str, Tensor]]] = {}
+        routes: dict[str, LayerRoute] = {}
+        for trainer, by_owner in picks.items():
+            parts = [(self.index[c], p["targets"], p["ids"]) for c, p in by_owner.items() if p["ids"].numel()]
+            if not parts:
+                continue
+            tgt_owner = torch.cat([torch.full_like(t, c) for c, t, _ in parts])
+            tpos = torch.cat([t for _, t, _ in parts])
+            gid = torch.cat([g for _, _, g in parts])
+            src_owner = self.owner[gid]
+            span = int(tpos.max()) + 1
+            keys, pair_of_pick = torch.unique((src_owner * m + tgt_owner) * span + tpos, return_inverse=True)
+            pair_src = keys // (m * span)
+            pair_counts = torch.bincount(pair_src, minlength=m)
+            local_pair = pair_of_pick - (torch.cumsum(pair_counts, 0) - pair_counts)[src_owner]
+            targets, target_of_pair = torch.unique(keys % (m * span), return_inverse=True)
+            routes[trainer] = LayerRoute(pair_counts, target_of_pair,
+                                         torch.bincount(targets // span, minlength=m))
+            u = self.local_index[gid]
+            for c in pair_src.unique().tolist():
+                mine = src_owner == c
+                requests.setdefault(self.names[c], {})[trainer] = {"u": u[mine], "pair": local_pair[mine]}
+        return requests, routes
+
+    def combine(self, routes: dict[str, LayerRoute], replies: dict[str, dict]) -> tuple[dict, dict]:
+        """Eq. (6): add each target's partial sums over owners; return {owner: {trainer: rows}} and counts."""
+        remote: dict[str, dict[str, Tensor]] = {}
+        counts: dict[str, dict[str, Tensor]] = {}
+        for trainer, route in routes.items():
+            owners = [self.names[c] for c in route.pair_counts.nonzero().flatten().tolist()]
+            sums = torch.cat([replies[c]["sums"][trainer] for c in owners])
+            sizes = torch.cat([replies[c]["counts"][trainer] for c in owners])
+            n_targets = int(route.target_counts.sum())
+            total = torch.zeros(n_targets, sums.size(1)).index_add_(0, route.target_of_pair, sums)
+            size = torch.zeros(n_targets, dtype=torch.long).index_add_(0, route.target_of_pair, sizes)
+            for c, rows, cnt in zip(self.names, total.split(route.target_counts.tolist()),
+                                    size.split(route.target_counts.tolist())):
+                if rows.numel():
+                    remote.setdefault(c, {})[trainer] = rows
+                    counts.setdefault(c, {})[trainer] = cnt
+        return remote, counts
+
+
+# ---- the protocol base ------------------------------------------------------------------------------
+class MiniBatchOptions(ProtocolOptions):
+    batch_size: int | None = Field(256, ge=1, description="training nodes per client per iteration; null = all")
+    fanouts: list[int] = Field(default_factory=lambda: [15, 10],
+                               description="neighbours sampled per layer, input layer first; -1 = all")
+
+    @field_validator("fanouts")
+    @classmethod
+    def _fanouts(cls, value: list[int]) -> list[int]:
+        if not value or any(f == 0 or f < -1 for f in value):
+            raise ValueError("fanouts must be a non-empty list of positive integers or -1 (all neighbours)")
+        return value
+
+
+class CrossClientOptions(MiniBatchOptions):
+    min_aggregate: int = Field(2, ge=1, description="fewest non-zero feature rows a remote client sums into "
+                                                     "one first-layer vector (1 allows single rows)")
+
+
+class CrossClientProtocol(Protocol):
+    """Server of the cross-client family: gradient averaging every iteration (one round = one
+    iteration), each client training locally, across clients, or on a reused neighbourhood."""
+
+    scenario = "horizontal"
+    Options = CrossClientOptions
+    client_class: type[CrossClient] = CrossClient
+
+    def setup(self, data: Data) -> None:
+        cfg = self.cfg
+        check_model(cfg.model)
+        if len(self.opts.fanouts) != cfg.model.layers:
+            raise ConfigError(f"protocol.fanouts has {len(self.opts.fanouts)} entries but model.layers is "
+                              f"{cfg.model.layers}; give one fanout per layer")
+        p = cfg.partition
+        part = partition_horizontal(data, p.num_clients, p.method, seed=cfg.seed, alpha=p.alpha, edge_drop=p.edge_drop)
+        self.partition_stats = part.stats
+        with torch.random.fork_rng():
+            torch.manual_seed(cfg.seed)
+            self.model = make_model(cfg.model, data.num_features, int(data.num_classes))
+        self.optimizer = self.server_optimizer()
+        self.clients = self.transport.spawn(self.client_class, [
+            dict(name=f"client{m}", seed=cfg.seed * 100_003 + m + 1, shard=shard, **self.client_options(data))
+            for m, shard in enumerate(part.shards)
+        ])
+        self.router = Router(part.owner, part.local_index, self.clients)
+        self.levels = cfg.model.layers
+
+    def server_optimizer(self) -> torch.optim.Optimizer:
+        return make_optimizer(self.model.parameters(), self.cfg.train)
+
+    def client_options(self, data: Data) -> dict[str, Any]:
+        options = dict(model=self.cfg.model, train=self.cfg.train, num_features=data.num_features,
+                       num_classes=int(data.num_classes), batch_size=self.opts.batch_size, fanouts=self.opts.fanouts)
+        if isinstance(self.opts, CrossClientOptions):
+            options["min_aggregate"] = self.opts.min_aggregate
+        return options
+
+    # ---- one iteration ---------------------------------------------------------------------------
+    def iterate(self, modes: list[str], keep: bool = False) -> dict[str, float]:
+        """Every client starts from the global parameters in its mode; cross-client trainers then
+        run Algorithm 2 together; the server averages all gradients and takes one optimiser step."""
+        state = self.model.state_dict()
+        replies = self.transport.call_many(self.clients, "begin", per_target=[{"mode": m} for m in modes], state=state)
+        results = [r for r, m in zip(replies, modes) if "gradient" in r]
+        trainers = {name: r for name, r, m in zip(self.clients, replies, modes) if m == "cross" and "targets" in r}
+        if trainers:
+            results += self.cross_chain(trainers, keep)
+        return self.apply(results)
+
+    def cross_chain(self, trainers: dict[str, dict[str, Tensor]], keep: bool) -> list[dict[str, Any]]:
+        picks = {name: {name: reply} for name, reply in trainers.items()}
+        active = list(trainers)
+        routes: dict[int, dict[str, LayerRoute]] = {}
+        requests: dict[int, dict[str, dict]] = {}
+        for level in range(self.levels - 1, -1, -1):
+            requests[level + 1], routes[level + 1] = self.router.route(picks)
+            active = [c for c in self.clients if c in set(active) | set(requests[level + 1])]
+            if level == 0:
+                break
+            replies = self.transport.call_many(active, "route", per_target=[
+                {"incoming": requests[level + 1].get(c, {})} for c in active], level=level)
+            picks = {}
+            for c, reply in zip(active, replies):
+                for trainer, p in reply.items():
+                    picks.setdefault(trainer, {})[c] = p
+        remote: dict[str, dict] = {}
+        counts: dict[str, dict] = {}
+        for layer in range(1, self.levels + 1):
+            # Owners serving pairs of this layer, and owners due the sums of the layer below.
+            targets = [c for c in active if c in requests[layer] or c in remote]
+            replies = dict(zip(targets, self.transport.call_many(targets, "propagate", per_target=[
+                {"incoming": requests[1].get(c) if layer == 1 else None, "remote": remote.get(c),
+                 "counts": counts.get(c)} for c in targets], layer=layer)))
+            remote, counts = self.router.combine(routes[layer], replies)
+        names = list(trainers)
+        return [r for r in self.transport.call_many(names, "finish", per_target=[
+            {"remote": remote.get(c, {}), "counts": counts.get(c, {})} for c in names], keep=keep) if "gradient" in r]
+
+    def apply(self, results: list[dict[str, Any]]) -> dict[str, float]:
+        """θ ← θ − α · mean of the clients' gradients (through the configured optimiser)."""
+        if not results:
+            return {"train_loss": math.nan}
+        self.optimizer.zero_grad()
+        for name, p in self.model.named_parameters():
+            p.grad = torch.stack([r["gradient"][name] for r in results]).mean(0)
+        self.optimizer.step()
+        return {"train_loss": sum(r["loss"] for r in results) / len(results), "clients": float(len(results))}
+
+    # ---- evaluation and checkpoints -------------------------------------------------------------------
+    def predict(self, evaluator: Evaluator) -> Tensor:
+        return evaluator.full_graph_logits(self.model, self.cfg.model.name)
+
+    def state_dict(self) -> dict[str, Any]:
+        return super().state_dict() | {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])

@@ -1,0 +1,419 @@
+"""GLASU: vertical federated GNN training with lazy aggregation and stale updates.
+
+Clients share the node set; client m holds only its feature block X_m, its own edges E_m and (by
+default) the labels. Every GNN layer is a client sub-layer plus a parameter-free server aggregation
+(mean or concatenation), performed only at K of the L layers (lazy aggregation). One GLASU round:
+the server draws a mini-batch of S training nodes; clients sample their neighbourhoods level by level
+while the server takes unions of the index sets at aggregation levels (Algorithm 2); one joint
+inference sends H_m^+ up and the aggregate H down at each aggregation level (Algorithm 3); then every
+client takes Q local steps that reuse the stored "all but m" representation H_{-m} in place of the
+server (Algorithm 4). With one label holder, the holder's gradient with respect to H[L] is broadcast
+through the server (Appendix B.2, Algorithms 5-7). The server holds no parameters.
+
+The paper's baselines are configurations of this class (see docs/glasu.md): centralized (one client,
+all edges), standalone (K = 0: clients never communicate), simulated centralized (every client keeps
+every edge, K = L) and the special cases of Section 3.5 (K = 1, K = L, ``graph: false``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from pydantic import Field, model_validator
+from torch import Tensor
+from torch.nn import functional as F
+from torch_geometric.data import Data
+
+from ..comm import Party, rpc
+from ..config import ModelConfig, PartitionConfig, TrainConfig
+from ..errors import ConfigError
+from ..evaluation import Evaluator
+from ..models.split_vertical import (
+    ClientNet,
+    ForwardPass,
+    aggregate,
+    backbone_options,
+    check_width,
+    client_graph,
+    combine,
+    extract,
+    features,
+    forward_through,
+    full_plan,
+    make_plan,
+    sample_below,
+)
+from ..partition import partition_vertical
+from ..training import make_optimizer
+from .base import Protocol, ProtocolOptions
+
+VERTICAL_BLOCKS = ("contiguous", "random")
+
+
+class GlasuOptions(ProtocolOptions):
+    K: int | None = Field(None, ge=0, description="number of aggregation layers, uniformly spaced with the last "
+                                                  "always included; 0 = standalone; default every other layer")
+    agg_layers: list[int] | None = Field(None, description="explicit aggregation layers I (1-based, must hold the "
+                                                           "last layer L); overrides the uniform spacing")
+    Q: int = Field(4, ge=1, description="local updates per joint inference (stale updates; 1 = none)")
+    S: int = Field(16, ge=1, description="mini-batch size: training nodes per GLASU round")
+    batches: int = Field(16, ge=1, description="GLASU rounds (mini-batches) per training round, i.e. between evaluations")
+    fanout: int | list[int] = Field(3, description="sampled neighbours per node (layerwise: on average); one value or "
+                                                   "one per layer, input layer first")
+    sampling: Literal["layerwise", "nodewise", "full"] = Field(
+        "layerwise", description="layerwise: uniform from the neighbours of the level above (paper); nodewise: up to "
+                                 "fanout per node (authors' code); full: every neighbour")
+    adjacency: Literal["scaled", "induced"] = Field(
+        "scaled", description="scaled: rows of the client's normalised adjacency, rescaled to full-row sums (paper); "
+                              "induced: normalised inside the sampled subgraph with self-loop weight 2 (authors' code)")
+    aggregation: Literal["mean", "concat"] = "mean"
+    graph: bool = Field(True, description="false: identity adjacency on every client (conventional vertical FL)")
+    eval_client: int | None = Field(None, ge=0, description="client whose classifier scores the nodes; default the "
+                                                            "mean of every label holder's logits (client 0 if K = 0)")
+    lr_decay_every: int | None = Field(None, ge=1, description="multiply the learning rate by lr_decay every this many "
+                                                               "training rounds (the authors' schedule)")
+    lr_decay: float = Field(0.25, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "GlasuOptions":
+        fanouts = self.fanout if isinstance(self.fanout, list) else [self.fanout]
+        if not fanouts or min(fanouts) < 1:
+            raise ValueError("fanout must be a positive integer or a non-empty list of them")
+        if self.agg_layers is not None:
+            if self.K is not None and self.K != len(self.agg_layers):
+                raise ValueError(f"K={self.K} disagrees with agg_layers {self.agg_layers}")
+            if not self.agg_layers or min(self.agg_layers) < 1 or len(set(self.agg_layers)) != len(self.agg_layers):
+                raise ValueError("agg_layers must be distinct layer numbers >= 1 (1-based)")
+        return self
+
+
+def aggregation_levels(opts: GlasuOptions, num_layers: int) -> list[int]:
+    """The aggregation levels I (1-based layer numbers, ascending), checked against L."""
+    L = num_layers
+    if opts.agg_layers is not None:
+        levels = sorted(opts.agg_layers)
+        if levels[-1] != L:
+            raise ConfigError(f"protocol.agg_layers {opts.agg_layers} must include the last layer L={L} "
+                              f"(and stay within 1..{L})")
+        return levels
+    K = max(1, L // 2) if opts.K is None else opts.K
+    if K > L:
+        raise ConfigError(f"protocol.K={K} exceeds the number of layers model.layers={L}; allowed: 0..{L}")
+    return [k * L // K for k in range(1, K + 1)]
+
+
+def layer_fanouts(opts: GlasuOptions, num_layers: int) -> list[int]:
+    if isinstance(opts.fanout, int):
+        return [opts.fanout] * num_layers
+    if len(opts.fanout) != num_layers:
+        raise ConfigError(f"protocol.fanout lists {len(opts.fanout)} values for model.layers={num_layers}; "
+                          f"give one value or {num_layers}")
+    return list(opts.fanout)
+
+
+def vertical_blocks(partition: PartitionConfig) -> str:
+    """The feature-block method; the horizontal default (never set) means contiguous blocks."""
+    if "method" not in partition.model_fields_set and partition.method not in VERTICAL_BLOCKS:
+        return "contiguous"
+    if partition.method not in VERTICAL_BLOCKS:
+        raise ConfigError(f"partition.method {partition.method!r} is not a vertical partition; "
+                          f"allowed: {', '.join(VERTICAL_BLOCKS)}")
+    return partition.method
+
+
+def union(top: Tensor, parts: list[Tensor]) -> Tensor:
+    """The server's union of the clients' index sets, keeping the common level above first."""
+    rest = torch.cat(parts)
+    rest = torch.unique(rest[~torch.isin(rest, top)])
+    return torch.cat([top, rest])
+
+
+class GlasuClient(Party):
+    """Client m: its feature block, its edges, its share of the split model and its optimiser.
+
+    Between the calls of one GLASU round it keeps its sampled sets, its forward pass (with the autograd
+    graph of the joint inference, reused for the first local step) and the stored H_{-m}.
+    """
+
+    def __init__(self, name: str, seed: int, index: int, num_clients: int, x: Tensor, edge_index: Tensor,
+                 y: Tensor | None, train_mask: Tensor, model: ModelConfig, train: TrainConfig, num_classes: int,
+                 levels: list[int], fanouts: list[int], opts: dict[str, Any]):
+        super().__init__(name, seed)
+        self.index, self.num_clients = index, num_clients
+        self.features, self.y = features(x), y
+        self.train_nodes = train_mask.nonzero().flatten() if y is not None else None
+        self.levels, self.fanouts = levels, fanouts
+        self.L = model.layers
+        self.opts = opts
+        self.graph = client_graph(edge_index, x.size(0), opts["graph"])
+        wide = frozenset(levels) if opts["aggregation"] == "concat" else frozenset()
+        self.net = ClientNet(model.name, x.size(1), model.hidden, num_classes if y is not None else None,
+                             model.layers, model.dropout, backbone_options(model.name, model.options), wide, num_clients)
+        self.optimizer = make_optimizer(self.net.parameters(), train)
+        self.rounds_done = 0
+        self._full = None
+        self._eval: ForwardPass | None = None
+        self._reset()
+
+    # ---- one GLASU round ------------------------------------------------------------------------
+    def _reset(self) -> None:
+        self.sets: dict[int, Tensor] = {}
+        self.cursor: int | None = None
+        self.run: ForwardPass | None = None
+        self.own: Tensor | None = None  # H_m^+ at the current aggregation level, with its graph
+        self.rest: dict[int, Tensor] = {}  # H_{-m} per aggregation level
+        self.pending: float | None = None  # the label holder's first-step loss, already backpropagated
+
+    def _draw(self) -> Tensor:
+        return self.train_nodes[torch.randperm(self.train_nodes.numel())[: self.opts["S"]]]
+
+    def _take(self, targets: Tensor | None) -> None:
+        """Adopt the common set at the current level (a new round starts at level L)."""
+        if self.cursor is None:
+            self._reset()
+            self.cursor = self.L
+        if targets is not None:
+            self.sets[self.cursor] = targets
+
+    def _descend(self, bottom: int) -> None:
+        for level in range(self.cursor - 1, bottom - 1, -1):
+            self.sets[level] = sample_below(self.graph, self.sets[level + 1], self.fanouts[level], self.opts["sampling"])
+        self.cursor = bottom
+
+    @rpc(returns="index")
+    def draw_batch(self) -> Tensor:
+        """Algorithm 5: the only label holder draws the mini-batch S[L]."""
+        self.cursor = None
+        self._take(self._draw())
+        return self.sets[self.L]
+
+    @rpc(targets="index", returns="index")
+    def sample(self, targets: Tensor | None = None) -> Tensor:
+        """Algorithm 2: from the common set at this aggregation level, sample down to the next one below."""
+        self._take(targets)
+        self._descend(max(level for level in self.levels if level < self.cursor))
+        return self.sets[self.cursor]
+
+    @rpc(targets="index", h="embedding", returns="embedding")
+    def forward(self, targets: Tensor | None = None, h: Tensor | None = None) -> Tensor:
+        """Algorithm 3: compute up to the next aggregation level and send H_m^+ there.
+
+        The first call carries the common set of the lowest aggregation level; later calls carry the
+        aggregate H at the previous level, from which the client keeps H_{-m}.
+        """
+        if self.run is None:
+            self._take(targets)
+            self._descend(0)
+            self.net.train()
+            plan = make_plan(self.graph, [self.sets[level] for level in range(self.L + 1)], self.opts["adjacency"])
+            self.run = ForwardPass(self.net, plan, self.features.rows(self.sets[0]))
+        else:
+            self._settle(h)
+        self.own = self.run.run_to(min(level for level in self.levels if level > self.run.level))
+        return self.own.detach()
+
+    def _settle(self, h: Tensor) -> Tensor:
+        """Keep H_{-m} = Extract(H, H_m^+) and continue from Agg(H_{-m}, H_m^+) (equal to H, with
+        gradients reaching this client's own sub-layers only)."""
+        level = self.run.level
+        rest = extract(h, self.own.detach(), self.index, self.num_clients, self.opts["aggregation"])
+        self.rest[level] = rest
+        mine = combine(rest, self.own, self.index, self.num_clients, self.opts["aggregation"])
+        self.run.resume(mine)
+        return mine
+
+    def _objective(self, top: Tensor, grad: Tensor | None) -> Tensor:
+        """Cross-entropy on the batch, or, without labels, the chain-rule surrogate <dL/dH[L], H_m[L]>."""
+        if self.net.head is None:
+            return (grad * top).sum()
+        return F.cross_entropy(self.net.classify(top), self.y[self.sets[self.L]])
+
+    @rpc(h="embedding", returns={"grad": "gradient", "loss": "control"})
+    def head_gradient(self, h: Tensor) -> dict[str, Any]:
+        """Algorithm 6 (label holder): the loss on H[L] and its gradient with respect to H[L]."""
+        top = self._settle(h)
+        top.retain_grad()
+        loss = self._objective(top, None)
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.pending = loss.item()
+        return {"grad": top.grad.detach(), "loss": self.pending}
+
+    @rpc(h="embedding", grad="gradient", returns={"loss": "control"})
+    def local_update(self, h: Tensor | None = None, grad: Tensor | None = None) -> dict[str, float]:
+        """Algorithm 4 (7): Q local steps; the first reuses the joint inference, the rest recompute the
+        client's own sub-layers and stand in for the server with the stored H_{-m}."""
+        losses = []
+        if self.pending is None:
+            loss = self._objective(self._settle(h), grad)
+            self.optimizer.zero_grad()
+            loss.backward()
+            losses.append(loss.item())
+        else:
+            losses.append(self.pending)
+        self.optimizer.step()
+        plan, inputs = self.run.plan, self.features.rows(self.sets[0])
+        how = self.opts["aggregation"]
+        for _ in range(1, self.opts["Q"]):
+            top = forward_through(self.net, plan, inputs, self.levels,
+                                  lambda level, own: combine(self.rest[level], own, self.index, self.num_clients, how))
+            loss = self._objective(top, grad)
+            self.optimizer.zero_grad()
+            loss.backward()
+            self.optimizer.step()
+            losses.append(loss.item())
+        self._finish_round()
+        return {"loss": sum(losses) / len(losses)}
+
+    @rpc(returns="control")
+    def train_alone(self) -> float:
+        """Standalone training (K = 0): ``batches`` mini-batches of Q steps on local data, no messages."""
+        losses = []
+        self.net.train()
+        for _ in range(self.opts["batches"]):
+            self.cursor = None
+            self._take(self._draw())
+            self._descend(0)
+            plan = make_plan(self.graph, [self.sets[level] for level in range(self.L + 1)], self.opts["adjacency"])
+            for _ in range(self.opts["Q"]):
+                loss = self._objective(forward_through(self.net, plan, self.features.rows(self.sets[0]), [], None), None)
+                self.optimizer.zero_grad()
+                loss.backward()
+                self.optimizer.step()
+                losses.append(loss.item())
+            self._finish_round()
+        return sum(losses) / len(losses)
+
+    def _finish_round(self) -> None:
+        self._reset()
+        self.rounds_done += 1
+        every = self.opts["lr_decay_every"]
+        if every and self.rounds_done % (every * self.opts["batches"]) == 0:
+            for group in self.optimizer.param_groups:
+                group["lr"] *= self.opts["lr_decay"]
+
+    # ---- joint inference on the whole graph ------------------------------------------------------
+    @rpc(h="embedding", returns={"h": "embedding", "logits": "prediction"})
+    @torch.no_grad()
+    def infer(self, h: Tensor | None = None) -> dict[str, Tensor]:
+        """Joint inference over every node with full neighbourhoods: H_m^+ at the next aggregation
+        level, or this client's logits once H[L] (or its own top level, standalone) is reached."""
+        self.net.eval()
+        if h is not None and self._eval is None:  # H[L] has arrived: score it
+            return {"logits": self.net.classify(h)}
+        if h is None:
+            if self._full is None:
+                self._full = full_plan(self.graph, self.L, self.opts["adjacency"])
+            self._eval = ForwardPass(self.net, self._full, self.features.rows(None))
+        else:
+            self._eval.resume(h)
+        above = [level for level in self.levels if level > self._eval.level]
+        level = above[0] if above else self.L
+        out = self._eval.run_to(level)
+        if level == self.L:
+            self._eval = None
+        return {"h": out} if above else {"logits": self.net.classify(out)}
+
+
+class Glasu(Protocol):
+    name = "glasu"
+    scenario = "vertical"
+    Options = GlasuOptions
+
+    def setup(self, data: Data) -> None:
+        cfg, opts = self.cfg, self.opts
+        model, p = cfg.model, cfg.partition
+        self.levels = aggregation_levels(opts, model.layers) if opts.K != 0 else []
+        fanouts = layer_fanouts(opts, model.layers)
+        options = backbone_options(model.name, model.options)
+        check_width(model.name, model.hidden, options)
+        if opts.aggregation == "concat" and model.name in ("gcnii", "gcnres"):
+            raise ConfigError(f"protocol.aggregation concat changes layer widths, which {model.name}'s residuals "
+                              f"cannot follow; use mean, or model.name gcn or gat")
+        M = p.num_clients
+        self.holder = p.label_holder
+        if self.holder is not None and not self.levels:
+            raise ConfigError("standalone training (protocol.K=0) needs labels at every client; "
+                              "unset partition.label_holder")
+        if opts.eval_client is not None:
+            if opts.eval_client >= M:
+                raise ConfigError(f"protocol.eval_client={opts.eval_client} is not a client; allowed: 0..{M - 1}")
+            if self.holder is not None and opts.eval_client != self.holder:
+                raise ConfigError(f"protocol.eval_client={opts.eval_client} holds no labels; only client "
+                                  f"{self.holder} (partition.label_holder) has a classifier")
+        part = partition_vertical(data, M, blocks=vertical_blocks(p), edge_keep=p.edge_keep, seed=cfg.seed,
+                                  label_holder=self.holder)
+        self.partition_stats = part.stats
+        settings = {"S": opts.S, "Q": opts.Q, "batches": opts.batches, "sampling": opts.sampling,
+                    "adjacency": opts.adjacency, "aggregation": opts.aggregation, "graph": opts.graph,
+                    "lr_decay_every": opts.lr_decay_every, "lr_decay": opts.lr_decay}
+        self.clients = self.transport.spawn(GlasuClient, [
+            dict(name=f"client{m}", seed=cfg.seed * 100_003 + m + 1, index=m, num_clients=M, x=shard.x,
+                 edge_index=shard.edge_index, y=shard.y, train_mask=shard.train_mask, model=model, train=cfg.train,
+                 num_classes=part.num_classes, levels=self.levels, fanouts=fanouts, opts=settings)
+            for m, shard in enumerate(part.shards)
+        ])
+        # Algorithm 2: with labels everywhere the server draws the mini-batches, so it knows the training ids.
+        self.train_nodes = data.train_mask.nonzero().flatten() if self.holder is None else None
+        if opts.eval_client is not None:
+            self.heads = [self.clients[opts.eval_client]]
+        elif self.holder is not None:
+            self.heads = [self.clients[self.holder]]
+        else:
+            self.heads = self.clients if self.levels else self.clients[:1]
+
+    # ---- training ---------------------------------------------------------------------------------
+    def train_round(self, round_index: int) -> dict[str, float]:
+        if not self.levels:
+            losses = self.transport.call_many(self.clients, "train_alone")
+            return {"train_loss": sum(losses) / len(losses)}
+        losses, rows = [], 0
+        for _ in range(self.opts.batches):
+            loss, n = self._glasu_round()
+            losses.append(loss)
+            rows += n
+        return {"train_loss": sum(losses) / len(losses), "embedding_rows": float(rows)}
+
+    def _glasu_round(self) -> tuple[float, int]:
+        """One mini-batch: sampling with unions, joint inference, Q local updates. Returns the loss and
+        the number of node rows aggregated (summed over aggregation levels)."""
+        t, clients, how = self.transport, self.clients, self.opts.aggregation
+        if self.holder is None:
+            order = torch.randperm(self.train_nodes.numel(), generator=self.generator)
+            top = self.train_nodes[order[: self.opts.S]]
+            args = [{"targets": top} for _ in clients]
+        else:
+            top = t.call(clients[self.holder], "draw_batch")
+            args = [{} if m == self.holder else {"targets": top} for m in range(len(clients))]
+        for _ in self.levels[:-1]:
+            top = union(top, t.call_many(clients, "sample", per_target=args))
+            args = [{"targets": top} for _ in clients]
+        outs = t.call_many(clients, "forward", per_target=args)
+        rows = 0
+        for level in self.levels:
+            h = aggregate(outs, how)
+            rows += h.size(0)
+            if level == self.levels[-1]:
+                break
+            outs = t.call_many(clients, "forward", h=h)
+        if self.holder is None:
+            replies = t.call_many(clients, "local_update", h=h)
+            return sum(r["loss"] for r in replies) / len(replies), rows
+        head = t.call(clients[self.holder], "head_gradient", h=h)
+        per = [{} if m == self.holder else {"h": h, "grad": head["grad"]} for m in range(len(clients))]
+        t.call_many(clients, "local_update", per_target=per)
+        return head["loss"], rows
+
+    # ---- evaluation -------------------------------------------------------------------------------
+    def predict(self, evaluator: Evaluator) -> torch.Tensor:
+        """Joint inference over all nodes; the scoring clients' logits are averaged."""
+        t = self.transport
+        if not self.levels:
+            return torch.stack([r["logits"] for r in t.call_many(self.heads, "infer")]).mean(0)
+        outs = t.call_many(self.clients, "infer")
+        for level in self.levels:
+            h = aggregate([o["h"] for o in outs], self.opts.aggregation)
+            if level != self.levels[-1]:
+                outs = t.call_many(self.clients, "infer", h=h)
+        return torch.stack([r["logits"] for r in t.call_many(self.heads, "infer", h=h)]).mean(0)

@@ -1,0 +1,294 @@
+"""Swift-FedGNN and its baselines: exactness of the split computation, ledger counts against the
+analytic formula, the special cases, the raw-feature audit, backends and real-data accuracy."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from fedgl.comm import LocalTransport
+from fedgl.config import build_config, load_config
+from fedgl.data import load_dataset
+from fedgl.errors import ConfigError
+from fedgl.partition import partition_horizontal
+from fedgl.protocols import REGISTRY
+from fedgl.protocols import cross_client
+from fedgl.protocols.cross_client import CrossClient
+from fedgl.protocols.fedgnn_pns import PNSOptions, sampling_iterations
+from fedgl.runner import Run, run
+
+M = 4
+
+
+def config(protocol: dict, model: str = "sage", rounds: int = 4, dropout: float = 0.0) -> dict:
+    return {
+        "dataset": {"name": "synthetic", "options": {"num_nodes": 400, "num_features": 16, "avg_degree": 6}},
+        "model": {"name": model, "hidden": 8, "layers": 2, "dropout": dropout},
+        "partition": {"num_clients": M, "method": "metis"},
+        "protocol": protocol,
+        "train": {"rounds": rounds, "lr": 0.01},
+        "eval": {"every": 1},
+        "network": {"compute": "ignore"},
+    }
+
+
+def built(protocol: dict, tmp_path, **kw) -> Run:
+    return Run(build_config(config(protocol, **kw)), tmp_path)
+
+
+def one_cross_step(job: Run, trainer: int = 0) -> dict:
+    """Every client starts the iteration; client ``trainer`` runs Algorithm 2, the others Algorithm 3."""
+    proto = job.protocol
+    modes = ["local"] * M
+    modes[trainer] = "cross"
+    replies = job.transport.call_many(proto.clients, "begin", per_target=[{"mode": m} for m in modes],
+                                      state=proto.model.state_dict())
+    name = proto.clients[trainer]
+    return proto.cross_chain({name: replies[trainer]}, keep=False)[0]
+
+
+def in_edges(edge_index: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    mask = torch.isin(edge_index[1], targets)
+    return edge_index[0, mask], edge_index[1, mask]
+
+
+# ---- exactness of Eq. (5)-(8) ----------------------------------------------------------------------
+@pytest.mark.parametrize("model, sparse", [("sage", False), ("gin", False), ("sage", True), ("gin", True)])
+def test_cross_client_step_equals_centralized_computation(tmp_path, monkeypatch, model, sparse):
+    """With all neighbours and the whole training set as batch, the trainer's loss equals the
+    centralized loss, and its gradient equals the centralized gradient with the remote nodes'
+    hidden embeddings held constant (the stop-gradient of remote contributions). Computing on
+    sparse feature rows changes nothing."""
+    monkeypatch.setattr(cross_client, "FEATURE_DENSITY", 1.0 if sparse else 0.0)
+    job = built({"name": "swift", "K": 1, "fanouts": [-1, -1], "batch_size": None, "min_aggregate": 1},
+                tmp_path, model=model)
+    result = one_cross_step(job, trainer=1)
+    data = job.evaluator.data
+    owner = job.protocol.router.owner
+    reference = copy.deepcopy(job.protocol.model)
+    conv1, conv2 = reference.layers
+    h1 = F.relu(conv1(data.x, data.edge_index))
+    mine = (owner == 1).unsqueeze(1)
+    h1 = torch.where(mine, h1, h1.detach())
+    out = conv2(h1, data.edge_index)
+    batch = ((owner == 1) & data.train_mask).nonzero().flatten()
+    loss = F.cross_entropy(out[batch], data.y[batch])
+    loss.backward()
+    assert result["loss"] == pytest.approx(float(loss.detach()), rel=1e-5)
+    with torch.no_grad():  # evaluation runs the same network on the whole graph
+        torch.testing.assert_close(job.protocol.predict(job.evaluator),
+                                   conv2(F.relu(conv1(data.x, data.edge_index)), data.edge_index))
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(result["gradient"][name], p.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_local_step_is_the_cross_step_without_remote_neighbours(tmp_path):
+    """Algorithm 3 is Algorithm 2 on a shard whose cross-client edges are removed."""
+    cfg = build_config(config({"name": "swift"}))
+    data = load_dataset("synthetic", num_nodes=400, num_features=16, avg_degree=6)
+    shard = partition_horizontal(data, M, "metis").shards[0]
+    isolated = dataclasses.replace(shard, cross_edges=torch.zeros(2, 0, dtype=torch.long))
+    kwargs = dict(name="client0", seed=7, model=cfg.model, train=cfg.train, num_features=16,
+                  num_classes=int(data.num_classes), batch_size=32, fanouts=[5, 3])
+    state = CrossClient.create(shard=shard, **kwargs).model.state_dict()
+    t = LocalTransport()
+    t.spawn(CrossClient, [dict(kwargs, shard=shard), dict(kwargs, shard=isolated, name="client1")])
+    local = t.call("client0", "begin", state=state, mode="local")
+    picks = t.call("client1", "begin", state=state, mode="cross")
+    assert picks["ids"].numel() == 0
+    assert t.call("client1", "route", level=1, incoming={}) == {}
+    crossed = t.call("client1", "finish", remote={}, counts={})
+    assert local["loss"] == pytest.approx(crossed["loss"])
+    for name in local["gradient"]:
+        torch.testing.assert_close(local["gradient"][name], crossed["gradient"][name])
+
+
+# ---- the ledger against the analytic count ------------------------------------------------------------
+def test_ledger_counts_one_vector_per_target_and_remote_client(tmp_path):
+    job = built({"name": "swift", "K": 1, "fanouts": [-1, -1], "batch_size": None, "min_aggregate": 1}, tmp_path)
+    ledger = job.transport.ledger
+    before = {k: ledger.total(kind=k) for k in ("embedding", "index")}
+    one_cross_step(job, trainer=0)
+    data, owner = job.evaluator.data, job.protocol.router.owner
+    hidden, features = job.cfg.model.hidden, data.num_features
+
+    def layer(targets):
+        src, dst = in_edges(data.edge_index, targets)
+        remote = owner[src] != owner[dst]
+        pairs = torch.unique(dst[remote] * M + owner[src[remote]]).numel()
+        return pairs, torch.unique(dst[remote]).numel(), int(remote.sum()), torch.unique(torch.cat([targets, src]))
+
+    batch = ((owner == 0) & data.train_mask).nonzero().flatten()
+    p2, t2, e2, level1 = layer(batch)
+    p1, t1, e1, _ = layer(level1)
+    embedding = 4 * (hidden * (p2 + t2) + features * (p1 + t1))  # up: one per pair; down: one per target
+    index = 8 * (4 * e2 + 4 * e1 + p2 + t2 + p1 + t1)  # picks up and routed down (2 ids each), counts
+    assert ledger.total(kind="embedding") - before["embedding"] == embedding
+    assert ledger.total(kind="index") - before["index"] == index
+    assert p1 + p2 < e1 + e2  # aggregation sends fewer vectors than there are remote neighbours
+    up = sum(r["bytes"] for r in ledger.rows() if r["kind"] == "embedding" and r["direction"] == "up")
+    assert up == 4 * (hidden * p2 + features * p1)
+
+
+# ---- special cases are configurations ---------------------------------------------------------------
+def trajectory(cfg: dict, tmp_path) -> list[tuple]:
+    """(loss, validation accuracy, bytes so far) after every round, without writing a results folder."""
+    job = Run(build_config(cfg), tmp_path)
+    rows = []
+    for r in range(1, job.cfg.train.rounds + 1):
+        job.transport.set_round(r)
+        row = job.evaluate(r, job.protocol.train_round(r), 0.0)
+        rows.append((row["train_loss"], row["val_accuracy"], row["bytes_total"]))
+    return rows
+
+
+def test_swift_special_cases_reproduce_fedsage_and_fedgnn_g(tmp_path, monkeypatch):
+    monkeypatch.setitem(REGISTRY, "fedsage", "fedgl.protocols.swift:FedSage")
+    swift_local = trajectory(config({"name": "swift", "K": 0, "I": 3}, rounds=3, dropout=0.5), tmp_path / "a")
+    assert swift_local == trajectory(config({"name": "fedsage"}, rounds=3, dropout=0.5), tmp_path / "b")
+    swift_full = trajectory(config({"name": "swift", "K": M, "I": 1}, rounds=3, dropout=0.5), tmp_path / "c")
+    assert swift_full == trajectory(config({"name": "fedgnn-g"}, rounds=3, dropout=0.5), tmp_path / "d")
+    assert swift_full != swift_local
+
+
+def test_swift_crosses_k_clients_every_i_iterations(tmp_path):
+    res = run(build_config(config({"name": "swift", "K": 2, "I": 3}, rounds=7)), tmp_path)
+    crossed = {r["round"]: r["cross_clients"] for r in res.metrics}
+    assert crossed == {1: 2, 2: 0, 3: 0, 4: 2, 5: 0, 6: 0, 7: 2}
+    ledger = [r for r in (res.out_dir / "ledger.jsonl").read_text().splitlines() if '"embedding"' in r]
+    assert {int(r.split('"round": ')[1].split(",")[0]) for r in ledger} == {1, 4, 7}
+
+
+def test_pns_samples_on_a_shrinking_schedule_and_reuses_in_between(tmp_path):
+    options = PNSOptions(name="fedgnn-pns", initial_interval=4, decay=0.5, min_interval=1)
+    assert sampling_iterations(options, 12) == [0, 4, 6, 7, 8, 9, 10, 11]
+    res = run(build_config(config({"name": "fedgnn-pns", "initial_interval": 4, "decay": 0.5, "min_interval": 1},
+                                  rounds=8)), tmp_path)
+    crossed = [r["round"] for r in res.metrics if r["cross_clients"]]
+    assert crossed == [1, 5, 7, 8]
+    assert all(not math.isnan(r["train_loss"]) for r in res.metrics)
+
+
+# ---- privacy audit ----------------------------------------------------------------------------------
+def audited_rows(cfg: dict, tmp_path, monkeypatch) -> list[tuple[str, str, str]]:
+    """Run ``cfg`` and return (sender, receiver, method) of every message carrying a raw feature row."""
+    seen: list[tuple[str, str, str, object]] = []
+    original = LocalTransport._execute
+
+    def spy(self, calls):
+        out = original(self, calls)
+        for (name, method, kwargs), (result, _) in zip(calls, out):
+            seen.append(("server", name, method, kwargs))
+            seen.append((name, "server", method, result))
+        return out
+
+    monkeypatch.setattr(LocalTransport, "_execute", spy)
+    job = Run(build_config(cfg), tmp_path)
+    raw = job.evaluator.data.x
+    rows = {bytes(r.numpy().tobytes()) for r in raw[(raw != 0).any(1)]}
+    job.execute(progress=False)
+
+    def tensors(obj):
+        if isinstance(obj, torch.Tensor):
+            yield obj
+        elif isinstance(obj, dict):
+            for v in obj.values():
+                yield from tensors(v)
+        elif isinstance(obj, (list, tuple)):
+            for v in obj:
+                yield from tensors(v)
+
+    hits = []
+    for src, dst, method, payload in seen:
+        for t in tensors(payload):
+            if t.is_floating_point() and t.dim() == 2 and t.size(1) == raw.size(1):
+                if any(bytes(r.contiguous().numpy().tobytes()) in rows for r in t.float()):
+                    hits.append((src, dst, method))
+    return hits
+
+
+@pytest.mark.parametrize("protocol", [{"name": "fedgnn-g"}, {"name": "swift", "K": 2, "I": 1},
+                                      {"name": "fedgnn-pns", "initial_interval": 2}])
+def test_no_raw_feature_row_leaves_its_owner(tmp_path, monkeypatch, protocol):
+    assert audited_rows(config(protocol, rounds=3), tmp_path, monkeypatch) == []
+
+
+def test_audit_detects_single_row_aggregates_and_llcg_feature_fetches(tmp_path, monkeypatch):
+    """The audit is sensitive: allowing one-row sums leaks rows, and LLCG's correction ships rows
+    to the server by design (never to another client)."""
+    leaks = audited_rows(config({"name": "fedgnn-g", "min_aggregate": 1}, rounds=1), tmp_path / "a", monkeypatch)
+    assert any(method == "propagate" for _, _, method in leaks)
+    llcg = audited_rows(config({"name": "llcg", "local_steps": 2}, rounds=2), tmp_path / "b", monkeypatch)
+    assert llcg and {(dst, method) for _, dst, method in llcg} == {("server", "rows")}
+
+
+# ---- configuration errors -------------------------------------------------------------------------
+@pytest.mark.parametrize("protocol, model, match", [
+    ({"name": "swift", "fanouts": [10]}, "sage", "fanouts"),
+    ({"name": "swift", "K": M + 1}, "sage", "exceeds"),
+    ({"name": "fedgnn-g"}, "gat", "element-wise"),
+    ({"name": "llcg", "server_fanouts": [5]}, "sage", "server_fanouts"),
+])
+def test_bad_settings_are_config_errors(tmp_path, protocol, model, match):
+    with pytest.raises(ConfigError, match=match):
+        built(protocol, tmp_path, model=model)
+
+
+def test_bad_options_are_rejected_before_running():
+    with pytest.raises(ConfigError, match="fanouts"):
+        build_config(config({"name": "swift", "fanouts": [0, 5]}))
+    with pytest.raises(ConfigError, match="protocol.I"):
+        build_config(config({"name": "swift", "I": 0}))
+    with pytest.raises(ConfigError, match="K"):
+        build_config(config({"name": "fedgnn-g", "K": 2}))
+
+
+# ---- backends and real data -------------------------------------------------------------------------
+@pytest.mark.ray
+def test_local_and_ray_backends_agree(tmp_path, ray_session):
+    cfg = config({"name": "swift", "K": 2, "I": 2}, rounds=3, dropout=0.5)
+    local = run(build_config(cfg), tmp_path / "local")
+    remote = run(build_config(cfg | {"backend": {"name": "ray", "actors": 2}}), tmp_path / "ray")
+    assert [r["val_accuracy"] for r in local.metrics] == [r["val_accuracy"] for r in remote.metrics]
+    assert [r["train_loss"] for r in local.metrics] == [r["train_loss"] for r in remote.metrics]
+    assert local.summary["bytes_by_kind"] == remote.summary["bytes_by_kind"]
+
+
+def test_swift_learns_citeseer(data_root, tmp_path):
+    cfg = {
+        "dataset": {"name": "citeseer", "data_root": str(data_root)},
+        "model": {"name": "sage", "hidden": 32, "layers": 2, "dropout": 0.5},
+        "partition": {"num_clients": 10, "method": "metis"},
+        "protocol": {"name": "swift", "I": 5, "K": 5},
+        "train": {"rounds": 10, "lr": 0.02},
+        "eval": {"every": 5},
+        "network": {"compute": "ignore"},
+    }
+    res = run(build_config(cfg), tmp_path)
+    assert res.summary["best_val_accuracy"] > 0.6  # paper, Table 8: 66.0
+    assert res.summary["bytes_by_kind"]["embedding"] > 0
+
+
+# ---- the examples -------------------------------------------------------------------------------------
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def test_examples_differ_only_in_the_protocol():
+    swift, full = (load_config(EXAMPLES / f) for f in ("swift-pubmed.yaml", "fedgnn-g-pubmed.yaml"))
+    assert {k: v for k, v in swift.model_dump().items() if k != "protocol"} == \
+        {k: v for k, v in full.model_dump().items() if k != "protocol"}
+    assert (swift.protocol["I"], swift.protocol["K"], full.protocol["name"]) == (10, 5, "fedgnn-g")
+    assert swift.partition.num_clients == 10 and swift.partition.method == "metis" and swift.model.name == "sage"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("example", ["swift-pubmed.yaml", "fedgnn-g-pubmed.yaml"])
+def test_examples_run_as_they_are(data_root, tmp_path, example):
+    res = run(load_config(EXAMPLES / example, ["train.rounds=2", "eval.every=1"]), tmp_path)
+    assert res.summary["bytes_by_kind"]["embedding"] > 0
