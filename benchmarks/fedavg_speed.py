@@ -26,6 +26,7 @@ def measure() -> dict:
 
     import torch
 
+    torch.set_num_threads(1)  # a client subgraph is a few hundred nodes: one thread beats two
     from fedgl.config import build_config
     from fedgl.runner import Run
 

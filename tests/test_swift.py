@@ -292,3 +292,30 @@ def test_examples_differ_only_in_the_protocol():
 def test_examples_run_as_they_are(data_root, tmp_path, example):
     res = run(load_config(EXAMPLES / example, ["train.rounds=2", "eval.every=1"]), tmp_path)
     assert res.summary["bytes_by_kind"]["embedding"] > 0
+
+
+# ---- bench tasks -------------------------------------------------------------------------------------
+def test_bench_tasks_are_valid_configurations():
+    from fedgl.bench.core import variant_config
+    from fedgl.bench.swift import TASKS
+
+    for task in TASKS.values():
+        for variant in task.variants:
+            cfg = variant_config(task, variant, 0, task.quick)
+            assert cfg.protocol_name in ("swift", "fedgnn-g", "llcg", "fedgnn-pns")
+
+
+def test_bench_columns_follow_the_schedules():
+    from fedgl.bench.swift import derive_for
+
+    kinds = {"model": 100, "gradient": 100, "embedding": 40, "index": 10}
+    swift = derive_for(10)({"protocol": "swift", "rounds": 100, "bytes_total": 250, "bytes_by_kind": kinds,
+                            "bytes_at_target": 2e9})
+    assert swift["mb_per_step"] == 2.5e-6 and swift["gb_at_target"] == 2.0
+    assert swift["mb_per_comm_iteration"] == pytest.approx((50 / 10 + 200 / 100) / 1e6)  # 10 cross iterations
+    llcg = derive_for(10)({"protocol": "llcg", "rounds": 100, "bytes_total": 250, "bytes_by_kind": kinds | {"label": 1},
+                           "bytes_at_target": None})
+    assert llcg["mb_per_comm_iteration"] == pytest.approx(251 / 10 / 1e6) and llcg["gb_at_target"] is None
+    local = derive_for(10)({"protocol": "swift", "rounds": 100, "bytes_total": 200,
+                            "bytes_by_kind": {"model": 100, "gradient": 100}, "bytes_at_target": None})
+    assert local["mb_per_comm_iteration"] is None
