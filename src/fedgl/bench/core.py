@@ -39,6 +39,7 @@ class BenchTask:
     quick: dict[str, Any] = field(default_factory=dict)  # overrides for a fast smoke run
     derive: Callable[[dict[str, Any]], dict[str, Any]] | None = None  # extra columns from a summary
     source: str = ""  # where the reference numbers come from
+    finish: Callable[[Path], None] | None = None  # e.g. draw the paper's figure from the task folder
 
 
 def variant_config(task: BenchTask, variant: Variant, seed: int, extra: dict[str, Any]):
@@ -107,6 +108,8 @@ def run_task(task: BenchTask, out_dir: str | Path, *, seeds: int | None = None, 
     (out / "table.json").write_text(json.dumps(result, indent=2, default=float))
     (out / "table.md").write_text(render_markdown(task, rows, n_seeds))
     console.print(render_table(task, rows, n_seeds))
+    if task.finish:
+        task.finish(out)
     return result
 
 

@@ -81,7 +81,7 @@ def comparison_task(name: str, figure: str, model: str, datasets: tuple[str, ...
         name=name,
         description=f"{figure}: nFedGNN (best lambda) vs CNFGNN, split {model.upper()}, one user per node, "
                     f"{ROUNDS} rounds on {', '.join(datasets)}; the centralized {model.upper()} as reference.",
-        base=_BASE, variants=variants, columns=COLUMNS, seeds=3, quick=_QUICK, derive=upload_mib,
+        base=_BASE, variants=variants, columns=COLUMNS, seeds=3, quick=_QUICK, derive=upload_mib, finish=plot_results,
         source=f"nFedGNN paper, {figure} and Table 1 (upload_mib); Fig. 3 and Sec. 4.2 text for Cora accuracies")
 
 
@@ -93,7 +93,7 @@ def lambda_task(name: str, figure: str, model: str, datasets: tuple[str, ...], g
         name=name,
         description=f"{figure}: nFedGNN with split {model.upper()} for lambda in {{0, {', '.join(map(str, grid))}}} "
                     f"on {', '.join(datasets)} ({ROUNDS} rounds; lambda = 0 is no regulariser).",
-        base=_BASE, variants=variants, columns=COLUMNS, seeds=3, quick=_QUICK, derive=upload_mib,
+        base=_BASE, variants=variants, columns=COLUMNS, seeds=3, quick=_QUICK, derive=upload_mib, finish=plot_results,
         source=f"nFedGNN paper, {figure}; lambda grids of Section 4.2")
 
 
@@ -118,20 +118,6 @@ def round_time_task() -> BenchTask:
         base={**_BASE, "train": {**_BASE["train"], "rounds": 20}, "eval": {"every": 20}}, variants=variants,
         columns=["wall_ms_per_round", "upload_mib", "bytes_total"], seeds=1, quick={"train.rounds": 3},
         derive=upload_mib, source="nFedGNN paper, Section 4.1 (all users every round)")
-
-
-TASKS: dict[str, BenchTask] = {t.name: t for t in (
-    comparison_task("nfedgnn-fig4-gcn", "Figure 4", "gcn", CITATION),
-    comparison_task("nfedgnn-fig6-gcn", "Figure 6", "gcn", WIKI),
-    comparison_task("nfedgnn-fig6-gcn-wikics", "Figure 6 (Wiki-CS)", "gcn", ("wikics",)),
-    comparison_task("nfedgnn-fig7-gat", "Figure 7", "gat", CITATION),
-    comparison_task("nfedgnn-fig8-gat", "Figure 8", "gat", WIKI),
-    lambda_task("nfedgnn-fig5-lambda", "Figure 5", "gcn", CITATION, LAMBDA_GRID["citation"]),
-    lambda_task("nfedgnn-lambda-wiki", "Lambda search (Sec. 4.2)", "gcn", WIKI, LAMBDA_GRID["wiki"]),
-    lambda_task("nfedgnn-fig9-lambda-gat", "Figure 9", "gat", CITATION, LAMBDA_GRID["citation"]),
-    table1_task(),
-    round_time_task(),
-)}
 
 
 # ---- figures ---------------------------------------------------------------------------------------------
@@ -174,6 +160,20 @@ def plot_results(task_dir: str | Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+TASKS: dict[str, BenchTask] = {t.name: t for t in (
+    comparison_task("nfedgnn-fig4-gcn", "Figure 4", "gcn", CITATION),
+    comparison_task("nfedgnn-fig6-gcn", "Figure 6", "gcn", WIKI),
+    comparison_task("nfedgnn-fig6-gcn-wikics", "Figure 6 (Wiki-CS)", "gcn", ("wikics",)),
+    comparison_task("nfedgnn-fig7-gat", "Figure 7", "gat", CITATION),
+    comparison_task("nfedgnn-fig8-gat", "Figure 8", "gat", WIKI),
+    lambda_task("nfedgnn-fig5-lambda", "Figure 5", "gcn", CITATION, LAMBDA_GRID["citation"]),
+    lambda_task("nfedgnn-lambda-wiki", "Lambda search (Sec. 4.2)", "gcn", WIKI, LAMBDA_GRID["wiki"]),
+    lambda_task("nfedgnn-fig9-lambda-gat", "Figure 9", "gat", CITATION, LAMBDA_GRID["citation"]),
+    table1_task(),
+    round_time_task(),
+)}
 
 
 if __name__ == "__main__":
