@@ -30,7 +30,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "citeseer": {"split": "default", "lr": 0.01, "I": 5, "K": 5, "clients": 10, "rounds": 200, "target": 0.64},
     "pubmed": {"split": "full", "lr": 0.01, "I": 10, "K": 5, "clients": 10, "rounds": 200, "target": 0.90},
     "cs": {"split": "default", "lr": 0.01, "I": 10, "K": 5, "clients": 10, "rounds": 200, "target": 0.92},
-    "physics": {"split": "default", "lr": 0.01, "I": 10, "K": 5, "clients": 10, "rounds": 200, "target": 0.94},
+    "physics": {"split": "default", "lr": 0.01, "I": 10, "K": 5, "clients": 10, "rounds": 100, "target": 0.95},
     "computers": {"split": "default", "lr": 0.01, "I": 10, "K": 5, "clients": 10, "rounds": 200, "target": 0.85},
     "ogbn-products": {"split": "default", "lr": 0.01, "I": 10, "K": 10, "clients": 20, "rounds": 1000,
                       "target": 0.87, "fanouts": [20, 15]},

@@ -472,13 +472,15 @@ class CrossClientProtocol(Protocol):
         run Algorithm 2 together; the server averages all gradients and takes one optimiser step."""
         state = self.model.state_dict()
         replies = self.transport.call_many(self.clients, "begin", per_target=[{"mode": m} for m in modes], state=state)
-        results = [r for r, m in zip(replies, modes) if "gradient" in r]
+        results = [r for r in replies if "gradient" in r]
         trainers = {name: r for name, r, m in zip(self.clients, replies, modes) if m == "cross" and "targets" in r}
         if trainers:
             results += self.cross_chain(trainers, keep)
         return self.apply(results)
 
     def cross_chain(self, trainers: dict[str, dict[str, Tensor]], keep: bool) -> list[dict[str, Any]]:
+        """Algorithm 2 for all ``trainers`` at once (their first-hop picks given): sampling down the
+        levels, one aggregation phase per layer, then each trainer's loss and gradient."""
         picks = {name: {name: reply} for name, reply in trainers.items()}
         active = list(trainers)
         routes: dict[int, dict[str, LayerRoute]] = {}
