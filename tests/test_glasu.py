@@ -207,7 +207,8 @@ def test_sampler_and_blocks():
     dense = to_dense_adj(norm_index.flip(0), edge_attr=norm_weight, max_num_nodes=200)[0]  # rows = targets
 
     def as_dense(block):
-        return torch.zeros(block.num_out, block.num_in).index_put_((block.row, block.col), block.weight, accumulate=True)
+        dense_block = torch.zeros(block.num_out, block.num_in)
+        return dense_block.index_put_((block.row, block.col), block.weight, accumulate=True)
 
     exact = make_block(graph, targets, full, "scaled")
     assert torch.allclose(as_dense(exact), dense[targets][:, full])  # full neighbourhoods: the GCN rows exactly
@@ -215,7 +216,7 @@ def test_sampler_and_blocks():
     has_neighbour = torch.bincount(sampled.row, minlength=20) > 1
     assert torch.allclose(as_dense(sampled).sum(1)[has_neighbour], dense[targets].sum(1)[has_neighbour])
     store = features((torch.rand(50, 40, generator=generator) < 0.05).float())
-    assert store.dense is None and store.rows(torch.tensor([3, 1])).crow.numel() == 3
+    assert store.dense is None and store.select(torch.tensor([3, 1])).crow.numel() == 3
 
 
 # ---- configuration errors --------------------------------------------------------------------------
@@ -282,3 +283,14 @@ def test_bench_tasks_build_valid_configs():
         for variant in task.variants:
             cfg = variant_config(task, variant, 0, task.quick)
             assert cfg.protocol_name == "glasu"
+
+
+def test_runtime_saving_is_relative_to_the_first_variant_of_each_seed():
+    from fedgl.bench.glasu import RuntimeSaving
+
+    saving = RuntimeSaving(num_variants=3)
+    times = {0: (10.0, 20.0), 1: (8.0, 16.0), 2: (5.0, 10.0)}  # variant -> simulated seconds per seed
+    out = [saving({"seed": seed, "sim_time_s": times[v][seed]})["runtime_saving_pct"]
+           for v in range(3) for seed in (0, 1)]
+    assert out == pytest.approx([0, 0, 20, 20, 50, 50])
+    assert saving({"seed": 0, "sim_time_s": 4.0})["runtime_saving_pct"] == 0  # a new sweep starts over

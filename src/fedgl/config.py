@@ -83,6 +83,7 @@ class RunConfig(Section):
     backend: BackendConfig = Field(default_factory=BackendConfig)
     network: NetworkConfig = Field(default_factory=NetworkConfig)
     checkpoint_every: int = Field(0, ge=0, description="rounds between checkpoints; 0 = none")
+    threads: int | None = Field(None, ge=1, description="torch threads; small client graphs run best on 1")
 
     @field_validator("protocol")
     @classmethod

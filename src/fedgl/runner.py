@@ -46,6 +46,8 @@ class Run:
     def __init__(self, cfg: RunConfig, out_dir: str | Path | None = None, *, data=None):
         self.cfg = cfg
         self.out_dir = Path(out_dir) if out_dir else default_out_dir(cfg)
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
         data = data if data is not None else load_data(cfg)
         self.evaluator = Evaluator(data)

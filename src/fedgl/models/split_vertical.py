@@ -26,13 +26,12 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from torch_geometric.utils import softmax
+
 from ..errors import ConfigError
 from ..sampling import CSR, sample_neighbors
 
 BACKBONES = ("gcn", "gat", "gcnii", "gcnres")
-SAMPLING = ("layerwise", "nodewise", "full")
-ADJACENCY = ("scaled", "induced")
-AGGREGATIONS = ("mean", "concat")
 _BACKBONE_OPTIONS = {"gcn": {}, "gat": {"heads": 4}, "gcnii": {"alpha": 0.1, "theta": 0.5},
                      "gcnres": {"mu": 0.5, "batch_norm": True}}
 
@@ -83,39 +82,24 @@ def client_graph(edge_index: Tensor, num_nodes: int, use_graph: bool = True) -> 
 
 # ---- features ------------------------------------------------------------------------------------
 @dataclass(frozen=True, eq=False)
-class Features:
-    """A client's feature block, kept as CSR rows when it is sparse (bag-of-words blocks are ~1% dense).
-
-    ``rows(nodes)`` gives the rows of ``nodes`` for :func:`linear_in`, which multiplies them by a
-    weight without ever densifying a sparse block, so the input layer costs O(nonzeros).
-    """
+class Rows:
+    """Rows of a client's feature block: dense, or CSR pieces when the block is sparse (bag-of-words
+    blocks are about 1% nonzero), so the input layer costs O(nonzeros) (:func:`linear_in`)."""
 
     dense: Tensor | None
     crow: Tensor | None = None
     col: Tensor | None = None
     val: Tensor | None = None
 
-    def rows(self, nodes: Tensor | None) -> "Rows":
+    def select(self, nodes: Tensor) -> "Rows":
         if self.dense is not None:
-            return Rows(self.dense if nodes is None else self.dense[nodes])
-        if nodes is None:
-            return Rows(None, self.crow, self.col, self.val)
+            return Rows(self.dense[nodes])
         counts = self.crow[nodes + 1] - self.crow[nodes]
         seg = torch.repeat_interleave(torch.arange(nodes.numel()), counts)
         first = torch.cumsum(counts, 0) - counts
         entry = self.crow[nodes][seg] + torch.arange(seg.numel()) - first[seg]
         crow = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
         return Rows(None, crow, self.col[entry], self.val[entry])
-
-
-@dataclass(frozen=True, eq=False)
-class Rows:
-    """Some rows of a feature block, dense or as CSR pieces."""
-
-    dense: Tensor | None
-    crow: Tensor | None = None
-    col: Tensor | None = None
-    val: Tensor | None = None
 
     def dropout(self, p: float, training: bool) -> "Rows":
         """Dropout on the entries (on a sparse block, zeros stay zero either way)."""
@@ -124,14 +108,14 @@ class Rows:
         return Rows(None, self.crow, self.col, F.dropout(self.val, p, training))
 
 
-def features(x: Tensor, max_density: float = 0.25) -> Features:
-    """Store ``x`` sparsely when at most ``max_density`` of its entries are nonzero."""
+def features(x: Tensor, max_density: float = 0.25) -> Rows:
+    """All rows of ``x``, stored sparsely when at most ``max_density`` of its entries are nonzero."""
     x = x.float()
     if x.numel() and (x != 0).float().mean() <= max_density:
         with _quiet():
             csr = x.to_sparse_csr()
-        return Features(None, csr.crow_indices(), csr.col_indices(), csr.values())
-    return Features(x)
+        return Rows(None, csr.crow_indices(), csr.col_indices(), csr.values())
+    return Rows(x)
 
 
 def linear_in(rows: Rows, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -351,8 +335,6 @@ def check_width(backbone: str, hidden: int, options: dict[str, Any]) -> None:
         raise ConfigError(f"gat needs model.hidden ({hidden}) divisible by model.options.heads ({heads!r})")
 
 
-
-
 class GraphAttention(nn.Module):
     """A GAT layer (Velickovic et al.) on a bipartite block; the same parameters and arithmetic as
     PyG's ``GATConv`` with shared source/target weights, but taking sparse input rows."""
@@ -368,19 +350,18 @@ class GraphAttention(nn.Module):
             nn.init.xavier_uniform_(weight)
 
     def forward(self, h: "Rows | Tensor", block: Block) -> Tensor:
-        from torch_geometric.utils import softmax
-
         z = _linear(h, self.lin.weight).view(-1, self.heads, self.channels)
         src = (z * self.att_src).sum(-1)
         dst = (z[block.out_pos] * self.att_dst).sum(-1)
         score = F.leaky_relu(src[block.col] + dst[block.row], 0.2)
         alpha = F.dropout(softmax(score, block.row, num_nodes=block.num_out), self.dropout, self.training)
-        out = z.new_zeros(block.num_out, self.heads, self.channels).index_add_(0, block.row, z[block.col] * alpha[..., None])
+        out = z.new_zeros(block.num_out, self.heads, self.channels)
+        out.index_add_(0, block.row, z[block.col] * alpha[..., None])
         return out.view(block.num_out, -1) + self.bias
 
 
-def _linear(h: "Rows | Tensor", weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    return linear_in(h, weight, bias) if isinstance(h, Rows) else F.linear(h, weight, bias)
+def _linear(h: "Rows | Tensor", weight: Tensor) -> Tensor:
+    return linear_in(h, weight) if isinstance(h, Rows) else F.linear(h, weight)
 
 
 def _dropout(h: "Rows | Tensor", p: float, training: bool) -> "Rows | Tensor":

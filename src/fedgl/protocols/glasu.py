@@ -32,6 +32,7 @@ from ..evaluation import Evaluator
 from ..models.split_vertical import (
     ClientNet,
     ForwardPass,
+    Plan,
     aggregate,
     backbone_options,
     check_width,
@@ -58,7 +59,7 @@ class GlasuOptions(ProtocolOptions):
                                                            "last layer L); overrides the uniform spacing")
     Q: int = Field(4, ge=1, description="local updates per joint inference (stale updates; 1 = none)")
     S: int = Field(16, ge=1, description="mini-batch size: training nodes per GLASU round")
-    batches: int = Field(16, ge=1, description="GLASU rounds (mini-batches) per training round, i.e. between evaluations")
+    batches: int = Field(16, ge=1, description="GLASU rounds (mini-batches) per training round (between evaluations)")
     fanout: int | list[int] = Field(3, description="sampled neighbours per node (layerwise: on average); one value or "
                                                    "one per layer, input layer first")
     sampling: Literal["layerwise", "nodewise", "full"] = Field(
@@ -148,8 +149,9 @@ class GlasuClient(Party):
         self.opts = opts
         self.graph = client_graph(edge_index, x.size(0), opts["graph"])
         wide = frozenset(levels) if opts["aggregation"] == "concat" else frozenset()
+        options = backbone_options(model.name, model.options)
         self.net = ClientNet(model.name, x.size(1), model.hidden, num_classes if y is not None else None,
-                             model.layers, model.dropout, backbone_options(model.name, model.options), wide, num_clients)
+                             model.layers, model.dropout, options, wide, num_clients)
         self.optimizer = make_optimizer(self.net.parameters(), train)
         self.rounds_done = 0
         self._full = None
@@ -176,16 +178,24 @@ class GlasuClient(Party):
         if targets is not None:
             self.sets[self.cursor] = targets
 
+    def _start(self) -> None:
+        """A new round whose mini-batch this client draws itself (sole label holder, or standalone)."""
+        self.cursor = None
+        self._take(self._draw())
+
+    def _plan(self) -> Plan:
+        return make_plan(self.graph, [self.sets[level] for level in range(self.L + 1)], self.opts["adjacency"])
+
     def _descend(self, bottom: int) -> None:
         for level in range(self.cursor - 1, bottom - 1, -1):
-            self.sets[level] = sample_below(self.graph, self.sets[level + 1], self.fanouts[level], self.opts["sampling"])
+            above = self.sets[level + 1]
+            self.sets[level] = sample_below(self.graph, above, self.fanouts[level], self.opts["sampling"])
         self.cursor = bottom
 
     @rpc(returns="index")
     def draw_batch(self) -> Tensor:
         """Algorithm 5: the only label holder draws the mini-batch S[L]."""
-        self.cursor = None
-        self._take(self._draw())
+        self._start()
         return self.sets[self.L]
 
     @rpc(targets="index", returns="index")
@@ -206,8 +216,7 @@ class GlasuClient(Party):
             self._take(targets)
             self._descend(0)
             self.net.train()
-            plan = make_plan(self.graph, [self.sets[level] for level in range(self.L + 1)], self.opts["adjacency"])
-            self.run = ForwardPass(self.net, plan, self.features.rows(self.sets[0]))
+            self.run = ForwardPass(self.net, self._plan(), self.features.select(self.sets[0]))
         else:
             self._settle(h)
         self.own = self.run.run_to(min(level for level in self.levels if level > self.run.level))
@@ -253,7 +262,7 @@ class GlasuClient(Party):
         else:
             losses.append(self.pending)
         self.optimizer.step()
-        plan, inputs = self.run.plan, self.features.rows(self.sets[0])
+        plan, inputs = self.run.plan, self.features.select(self.sets[0])
         how = self.opts["aggregation"]
         for _ in range(1, self.opts["Q"]):
             top = forward_through(self.net, plan, inputs, self.levels,
@@ -272,12 +281,12 @@ class GlasuClient(Party):
         losses = []
         self.net.train()
         for _ in range(self.opts["batches"]):
-            self.cursor = None
-            self._take(self._draw())
+            self._start()
             self._descend(0)
-            plan = make_plan(self.graph, [self.sets[level] for level in range(self.L + 1)], self.opts["adjacency"])
+            plan = self._plan()
+            inputs = self.features.select(self.sets[0])
             for _ in range(self.opts["Q"]):
-                loss = self._objective(forward_through(self.net, plan, self.features.rows(self.sets[0]), [], None), None)
+                loss = self._objective(forward_through(self.net, plan, inputs, [], None), None)
                 self.optimizer.zero_grad()
                 loss.backward()
                 self.optimizer.step()
@@ -305,7 +314,7 @@ class GlasuClient(Party):
         if h is None:
             if self._full is None:
                 self._full = full_plan(self.graph, self.L, self.opts["adjacency"])
-            self._eval = ForwardPass(self.net, self._full, self.features.rows(None))
+            self._eval = ForwardPass(self.net, self._full, self.features)
         else:
             self._eval.resume(h)
         above = [level for level in self.levels if level > self._eval.level]
