@@ -99,3 +99,25 @@ def test_datasets_list_names_the_root(capsys, data_root):
 def test_bench_lists_tasks(capsys, argv):
     assert main(argv) == 0
     assert "foundation-cora" in capsys.readouterr().out
+
+
+def test_bench_runs_chosen_variants_and_reuses_finished_runs(capsys, tmp_path):
+    argv = ["bench", "foundation-cora", "--quick", "--only", "metis", "--out", str(tmp_path),
+            "--set", "train.rounds=2"]
+    assert main(argv) == 0
+    first = capsys.readouterr().out
+    assert "fedavg-metis10 seed 0" in first and "(reused)" not in first
+    assert "| centralized" not in (tmp_path / "table.md").read_text()
+    assert main(argv) == 0
+    assert "fedavg-metis10 seed 0 (reused)" in capsys.readouterr().out
+    assert main(argv + ["--set", "train.lr=0.02"]) == 0  # another config: run again
+    assert "(reused)" not in capsys.readouterr().out
+    assert main(argv + ["--rerun"]) == 0
+    assert "(reused)" not in capsys.readouterr().out
+    runs = json.loads((tmp_path / "results.json").read_text())
+    assert [r["variant"] for r in runs] == ["fedavg-metis10"]
+
+
+def test_bench_only_matching_nothing_names_the_variants(capsys, tmp_path):
+    fails_with(capsys, ["bench", "foundation-cora", "--only", "fedprox", "--out", str(tmp_path)],
+               "fedprox", "fedavg-metis10")

@@ -31,18 +31,33 @@ class LocalTrainer:
         self.y = y
         self.train_idx = train_mask.nonzero().flatten()
         self.optimizer = make_optimizer(model.parameters(), train)
+        self._tensors = model.state_dict(keep_vars=True)  # live parameters and buffers, by name
 
-    def step(self, idx: torch.Tensor) -> float:
-        self.model.train()
+    def get_state(self) -> dict[str, torch.Tensor]:
+        """The model's parameters and buffers by name (``state_dict`` without its per-call module walk)."""
+        return {name: tensor.detach() for name, tensor in self._tensors.items()}
+
+    @torch.no_grad()
+    def set_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Copy ``state`` (the same names as ``get_state``) into the model in place."""
+        if state.keys() != self._tensors.keys():
+            raise ValueError(f"model state keys differ: got {sorted(state)}, expected {sorted(self._tensors)}")
+        for name, tensor in self._tensors.items():
+            tensor.copy_(state[name])
+
+    def step(self, idx: torch.Tensor) -> torch.Tensor:
+        """One optimiser step on the nodes ``idx``; returns the detached loss (the model must be in
+        training mode: ``train_epochs`` sets it once, not per step)."""
         self.optimizer.zero_grad()
         out = self.model(self.x, self.graph)
         loss = F.cross_entropy(out[idx], self.y[idx])
         loss.backward()
         self.optimizer.step()
-        return loss.item()
+        return loss.detach()
 
     def train_epochs(self, epochs: int, batch_size: int | None = None) -> float:
         """Full-batch steps, or shuffled mini-batches of training nodes; returns the mean loss."""
+        self.model.train()
         losses = []
         for _ in range(epochs):
             if batch_size is None or batch_size >= self.train_idx.numel():
@@ -50,4 +65,4 @@ class LocalTrainer:
                 continue
             order = self.train_idx[torch.randperm(self.train_idx.numel())]
             losses.extend(self.step(batch) for batch in order.split(batch_size))
-        return sum(losses) / max(len(losses), 1)
+        return torch.stack(losses).mean().item() if losses else 0.0

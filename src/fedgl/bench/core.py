@@ -14,10 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import yaml
 from rich.console import Console
 from rich.table import Table
 
 from ..config import apply_override, build_config
+from ..errors import ConfigError
+from ..results import CONFIG, SUMMARY
 from ..runner import run
 
 
@@ -74,10 +77,37 @@ def _ref(value: float | None, column: str) -> str:
     return f"{value:g}"
 
 
+def select_variants(task: BenchTask, only: list[str] | None) -> list[Variant]:
+    """The variants whose label contains one of ``only`` (case-insensitive); all of them without it."""
+    if not only:
+        return task.variants
+    chosen = [v for v in task.variants if any(part.lower() in v.label.lower() for part in only)]
+    if not chosen:
+        labels = ", ".join(v.label for v in task.variants)
+        raise ConfigError(f"no variant of {task.name} matches {', '.join(only)}; its variants: {labels}")
+    return chosen
+
+
+def finished_summary(folder: Path, cfg) -> dict[str, Any] | None:
+    """The summary of an earlier run in ``folder`` made with exactly this config, if there is one."""
+    summary, config = folder / SUMMARY, folder / CONFIG
+    if not (summary.exists() and config.exists()):
+        return None
+    if yaml.safe_load(config.read_text()) != cfg.model_dump(mode="json"):
+        return None
+    return json.loads(summary.read_text())
+
+
 def run_task(task: BenchTask, out_dir: str | Path, *, seeds: int | None = None, quick: bool = False,
-             backend: str | None = None, overrides: dict[str, Any] | None = None,
-             console: Console | None = None) -> dict[str, Any]:
+             backend: str | None = None, overrides: dict[str, Any] | None = None, only: list[str] | None = None,
+             rerun: bool = False, console: Console | None = None) -> dict[str, Any]:
+    """Run (or reuse) every selected variant over every seed, then aggregate and write the tables.
+
+    A run whose folder already holds a summary made with the same config is reused unless ``rerun``,
+    so an interrupted task continues where it stopped and new seeds or variants can be added later.
+    """
     console = console or Console()
+    variants = select_variants(task, only)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     n_seeds = seeds or (1 if quick else task.seeds)
@@ -85,17 +115,19 @@ def run_task(task: BenchTask, out_dir: str | Path, *, seeds: int | None = None, 
     if backend:
         extra["backend.name"] = backend
     runs: list[dict[str, Any]] = []
-    for variant in task.variants:
+    for variant in variants:
         for seed in range(n_seeds):
             cfg = variant_config(task, variant, seed, extra)
             folder = out / "runs" / f"{variant.label}-seed{seed}".replace(" ", "_").replace("/", "-")
-            console.print(f"[dim]{task.name}: {variant.label} seed {seed}[/dim]")
-            summary = run(cfg, folder).summary
+            summary = None if rerun else finished_summary(folder, cfg)
+            console.print(f"[dim]{task.name}: {variant.label} seed {seed}{' (reused)' if summary else ''}[/dim]")
+            if summary is None:
+                summary = run(cfg, folder).summary
             if task.derive:
                 summary |= task.derive(summary)
             runs.append({"variant": variant.label, "seed": seed, "folder": str(folder), **summary})
     rows = []
-    for variant in task.variants:
+    for variant in variants:
         mine = [r for r in runs if r["variant"] == variant.label]
         row: dict[str, Any] = {"variant": variant.label}
         for column in task.columns:

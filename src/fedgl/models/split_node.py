@@ -28,6 +28,7 @@ from torch_geometric.nn.conv.gcn_conv import gcn_norm
 from torch_geometric.utils import add_self_loops, remove_self_loops, softmax
 
 from ..errors import ConfigError
+from .graph import dropout
 
 SPLIT_MODELS = ("gcn", "gat")
 
@@ -216,7 +217,7 @@ class SplitGCN(nn.Module):
     def forward(self, z: Tensor, graph: ServerGraph) -> Tensor:
         h = propagate(graph, z, graph.gcn_weight) + self.bias0
         for lin, bias in zip(self.lins, self.biases):
-            h = F.dropout(F.relu(h), self.dropout, self.training)
+            h = dropout(F.relu(h), self.dropout, self.training)
             h = propagate(graph, lin(h), graph.gcn_weight) + bias
         return h
 
@@ -246,11 +247,11 @@ class SplitGAT(nn.Module):
         h = z.view(-1, self.heads, self.head_dim)
         score = (h * self.att_src).sum(-1)[graph.src] + (h * self.att_dst).sum(-1)[graph.dst]
         alpha = softmax(F.leaky_relu(score, 0.2), graph.dst, num_nodes=graph.num_nodes)
-        alpha = F.dropout(alpha, self.dropout, self.training)
+        alpha = dropout(alpha, self.dropout, self.training)
         h = torch.zeros_like(h).index_add_(0, graph.dst, alpha.unsqueeze(-1) * h[graph.src])
         h = F.elu(h.reshape(h.size(0), -1) + self.bias0)
         for i, conv in enumerate(self.convs):
-            h = conv(F.dropout(h, self.dropout, self.training), graph.edge_index)
+            h = conv(dropout(h, self.dropout, self.training), graph.edge_index)
             if i < len(self.convs) - 1:
                 h = F.elu(h)
         return h

@@ -29,6 +29,7 @@ from torch.nn import functional as F
 from torch_geometric.utils import softmax
 
 from ..errors import ConfigError
+from .graph import dropout
 from ..sampling import CSR, sample_neighbors
 
 BACKBONES = ("gcn", "gat", "gcnii", "gcnres")
@@ -104,8 +105,8 @@ class Rows:
     def dropout(self, p: float, training: bool) -> "Rows":
         """Dropout on the entries (on a sparse block, zeros stay zero either way)."""
         if self.dense is not None:
-            return Rows(F.dropout(self.dense, p, training))
-        return Rows(None, self.crow, self.col, F.dropout(self.val, p, training))
+            return Rows(dropout(self.dense, p, training))
+        return Rows(None, self.crow, self.col, dropout(self.val, p, training))
 
 
 def features(x: Tensor, max_density: float = 0.25) -> Rows:
@@ -354,7 +355,7 @@ class GraphAttention(nn.Module):
         src = (z * self.att_src).sum(-1)
         dst = (z[block.out_pos] * self.att_dst).sum(-1)
         score = F.leaky_relu(src[block.col] + dst[block.row], 0.2)
-        alpha = F.dropout(softmax(score, block.row, num_nodes=block.num_out), self.dropout, self.training)
+        alpha = dropout(softmax(score, block.row, num_nodes=block.num_out), self.dropout, self.training)
         out = z.new_zeros(block.num_out, self.heads, self.channels)
         out.index_add_(0, block.row, z[block.col] * alpha[..., None])
         return out.view(block.num_out, -1) + self.bias
@@ -365,7 +366,7 @@ def _linear(h: "Rows | Tensor", weight: Tensor) -> Tensor:
 
 
 def _dropout(h: "Rows | Tensor", p: float, training: bool) -> "Rows | Tensor":
-    return h.dropout(p, training) if isinstance(h, Rows) else F.dropout(h, p, training)
+    return h.dropout(p, training) if isinstance(h, Rows) else dropout(h, p, training)
 
 
 class ClientNet(nn.Module):
@@ -430,7 +431,7 @@ class ClientNet(nn.Module):
         return mu * out + (1 - mu) * start
 
     def classify(self, h: Tensor) -> Tensor:
-        return self.head(F.dropout(h, self.dropout, self.training))
+        return self.head(dropout(h, self.dropout, self.training))
 
 
 class ForwardPass:

@@ -40,9 +40,9 @@ class FedAvgClient(Party):
 
     @rpc(state="model", returns={"state": "model", "num_train": "control", "loss": "control"})
     def train(self, state: dict[str, torch.Tensor]) -> dict[str, Any]:
-        self.trainer.model.load_state_dict(state)
+        self.trainer.set_state(state)
         loss = self.trainer.train_epochs(self.local_epochs, self.batch_size) if self.num_train else 0.0
-        return {"state": self.trainer.model.state_dict(), "num_train": self.num_train, "loss": loss}
+        return {"state": self.trainer.get_state(), "num_train": self.num_train, "loss": loss}
 
 
 def weighted_average(states: list[dict[str, torch.Tensor]], weights: torch.Tensor) -> dict[str, torch.Tensor]:
