@@ -3,10 +3,10 @@
 ``swift-compare-<dataset>`` runs Swift-FedGNN, FedGNN-G, LLCG, FedGNN-PNS and FedSage on one
 dataset; its columns are the paper's Table 1 (GB to the target validation accuracy), Figure 5
 (MB per step), Table 7 (MB per iteration in which cross-client data moves), Table 8 (validation
-accuracy) and Figure 4's time to target (simulated seconds); ``figures`` draws Figure 4 from a
-finished task folder. ``swift-sensitivity-*`` is Tables 2-3 (I and K), ``swift-gin-*`` Tables
-10-11, ``swift-scale-*`` Tables 4 and 9 (M = 80, 100) and ``swift-random-*`` Tables 12-13
-(random partition). Reference numbers are attached where the dataset is one of the paper's.
+accuracy) and Figure 4's time to target (simulated seconds); ``figures`` draws Figures 4 and 5
+into the task folder when a compare task finishes. ``swift-sensitivity-*`` is Tables 2-3 (I and K),
+``swift-gin-*`` Tables 10-11, ``swift-scale-*`` Tables 4 and 9 (M = 80, 100) and
+``swift-random-*`` Tables 12-13 (random partition). Reference numbers are attached where the dataset is one of the paper's.
 One round is one iteration (step) of every protocol.
 """
 
@@ -139,7 +139,8 @@ def compare_task(dataset: str) -> BenchTask:
         description=f"{dataset}: Swift-FedGNN against FedGNN-G, LLCG, FedGNN-PNS and FedSage (2-layer GraphSAGE, "
                     f"METIS clients): Tables 1, 7, 8 and Figures 4-5 of the paper.",
         base=_base(dataset), variants=variants, columns=COLUMNS, seeds=3,
-        quick={"train.rounds": 20, "eval.every": 10}, derive=derive_for(SETTINGS[dataset]["I"]), source=SOURCE)
+        quick={"train.rounds": 20, "eval.every": 10}, derive=derive_for(SETTINGS[dataset]["I"]), source=SOURCE,
+        finish=figures)
 
 
 def sensitivity_task(dataset: str, clients: int = 20) -> BenchTask:
