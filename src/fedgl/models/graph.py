@@ -125,17 +125,28 @@ class SparseOperator:
         return _SparseMatmul.apply(self, dense)
 
 
+def csr_matmul(matrix: Tensor, dense: Tensor) -> Tensor:
+    """``matrix @ dense`` for a CSR ``matrix``, as a weighted sum-bag of ``dense``'s rows.
+
+    On CPU this is about twice as fast as ``torch.sparse.mm`` for propagation-sized products and
+    over ten times as fast for tall, short-rowed ones such as a transposed feature matrix (measured:
+    0.3 ms against 5.5 ms for 14330 x 2708 at 64 columns).
+    """
+    return F.embedding_bag(matrix.col_indices(), dense.contiguous(), matrix.crow_indices()[:-1], mode="sum",
+                           per_sample_weights=matrix.values())
+
+
 class _SparseMatmul(torch.autograd.Function):
     @staticmethod
     def forward(ctx, operator: SparseOperator, dense: Tensor) -> Tensor:  # type: ignore[override]
         ctx.operator = operator
-        return torch.sparse.mm(operator.matrix, dense.contiguous())
+        return csr_matmul(operator.matrix, dense)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[None, Tensor | None]:  # type: ignore[override]
         if not ctx.needs_input_grad[1]:
             return None, None
-        return None, torch.sparse.mm(ctx.operator.transposed(), grad.contiguous())
+        return None, csr_matmul(ctx.operator.transposed(), grad)
 
 
 @dataclass(frozen=True, eq=False)

@@ -29,7 +29,7 @@ from torch.nn import functional as F
 from torch_geometric.utils import softmax
 
 from ..errors import ConfigError
-from .graph import dropout
+from .graph import SparseOperator, dropout
 from ..sampling import CSR, sample_neighbors
 
 BACKBONES = ("gcn", "gat", "gcnii", "gcnres")
@@ -168,19 +168,6 @@ def _quiet() -> Iterator[None]:
         yield
 
 
-class _SparseMatmul(torch.autograd.Function):
-    """A @ h with a precomputed transpose for the backward pass (faster than sparse autograd)."""
-
-    @staticmethod
-    def forward(ctx: Any, adj: Tensor, adj_t: Tensor, h: Tensor) -> Tensor:
-        ctx.adj_t = adj_t
-        return adj @ h
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[None, None, Tensor]:
-        return None, None, ctx.adj_t @ grad
-
-
 @dataclass(frozen=True, eq=False)
 class Block:
     """One sub-layer's bipartite graph: ``row`` indexes output nodes, ``col`` input nodes (self loops
@@ -194,26 +181,16 @@ class Block:
     out_pos: Tensor
 
     @cached_property
-    def _coo(self) -> Tensor:
+    def operator(self) -> SparseOperator:
+        """The block as a CSR operator (repeated pairs summed); its transpose is built on first backward."""
         size = (self.num_out, self.num_in)
         with _quiet():
-            return torch.sparse_coo_tensor(torch.stack([self.row, self.col]), self.weight, size).coalesce()
-
-    @cached_property
-    def _csr(self) -> Tensor:
-        with _quiet():
-            return self._coo.to_sparse_csr()
-
-    @cached_property
-    def _csr_t(self) -> Tensor:
-        with _quiet():
-            return self._coo.t().coalesce().to_sparse_csr()
+            coo = torch.sparse_coo_tensor(torch.stack([self.row, self.col]), self.weight, size).coalesce()
+            return SparseOperator(coo.to_sparse_csr())
 
     def propagate(self, h: Tensor) -> Tensor:
         """Weighted sum over each output node's in-neighbours: A_block @ h."""
-        if h.requires_grad and torch.is_grad_enabled():
-            return _SparseMatmul.apply(self._csr, self._csr_t, h)
-        return self._csr @ h
+        return self.operator @ h
 
     @property
     def edge_index(self) -> Tensor:

@@ -4,6 +4,11 @@ Each round the server samples a fraction of the clients, sends them the global m
 ``local_epochs`` on its own subgraph (cross-client edges are invisible to it) and returns its model;
 the server averages them weighted by training-node count. This is FedSage in swift-fedgnn.txt and
 FedLocal in fedaas.txt.
+
+Clients are parties of their own (``FedAvgClient``) or members of a ``FedAvgGroup``, a party that
+trains several GCN/GraphSAGE clients as one batched computation (``fedgl.client_group``) with the
+same trajectories and the same model bytes: each member's model travels as its own row of a
+``Rows("model")`` payload and the ledger attributes it to that member.
 """
 
 from __future__ import annotations
@@ -14,8 +19,10 @@ import torch
 from pydantic import Field
 from torch_geometric.data import Data
 
-from ..comm import Party, rpc
+from ..client_group import ClientGroupTrainer, flat_state, groupable, state_from_row
+from ..comm import Party, Rows, rpc
 from ..config import ModelConfig, TrainConfig
+from ..errors import ConfigError
 from ..evaluation import Evaluator
 from ..partition import partition_horizontal
 from ..training import LocalTrainer, make_model
@@ -26,6 +33,11 @@ class FedAvgOptions(ProtocolOptions):
     local_epochs: int = Field(3, ge=1)
     batch_size: int | None = Field(None, ge=1, description="training nodes per local step; default full batch")
     client_fraction: float = Field(1.0, gt=0, le=1, description="share of clients sampled each round")
+    group_size: int | None = Field(None, ge=1, description=(
+        "clients per party; a party of several trains its gcn or sage clients as one batched computation "
+        "(same trajectories and model bytes, a fraction of the per-operation overhead); 1 = one party per "
+        "client; default: one group of all clients when the backbone is gcn or sage, training is full-batch "
+        "and every client trains every round, else one party per client"))
 
 
 class FedAvgClient(Party):
@@ -45,6 +57,37 @@ class FedAvgClient(Party):
         return {"state": self.trainer.get_state(), "num_train": self.num_train, "loss": loss}
 
 
+class FedAvgGroup(Party):
+    """Several FedAvg clients in one party, trained as one batched computation.
+
+    Each member is first built as the ``FedAvgClient`` it stands for (its own seed, model
+    initialisation, prepared graph and the RNG state it would train with); the group then keeps
+    only what ``ClientGroupTrainer`` needs. The rows of every ``Rows`` payload are the members listed
+    in ``users`` (all members when None), in that order.
+    """
+
+    def __init__(self, name: str, seed: int, members: list[dict[str, Any]], train: TrainConfig, local_epochs: int):
+        super().__init__(name, seed)
+        clients = [FedAvgClient.create(**kwargs) for kwargs in members]
+        # ``_rng_state`` is the torch RNG state each client party would carry into its first call.
+        self.trainer = ClientGroupTrainer([c.trainer for c in clients], [c._rng_state for c in clients], train)
+        self.num_train = torch.tensor([c.num_train for c in clients])
+        self.local_epochs = local_epochs
+
+    @rpc(state=Rows("model"), users="index",
+         returns={"state": Rows("model"), "num_train": Rows("control"), "loss": Rows("control")})
+    def train(self, state: torch.Tensor, users: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """``state`` holds one ``flat_state`` row per listed member (``users``; None = all)."""
+        self.trainer.set_rows(state, users)
+        num_train = self.num_train if users is None else self.num_train[users]
+        members = torch.arange(self.num_train.numel()) if users is None else users
+        loss = torch.zeros(members.numel(), dtype=torch.float64)  # 8 bytes each, as a client's float
+        training = num_train > 0
+        if bool(training.any()):
+            loss[training] = self.trainer.train_epochs(self.local_epochs, members[training]).double()
+        return {"state": self.trainer.get_rows(users), "num_train": num_train, "loss": loss}
+
+
 def weighted_average(states: list[dict[str, torch.Tensor]], weights: torch.Tensor) -> dict[str, torch.Tensor]:
     w = (weights / weights.sum()).tolist()
     return {key: sum(wi * s[key].float() for wi, s in zip(w, states)).to(states[0][key].dtype) for key in states[0]}
@@ -61,29 +104,79 @@ class FedAvg(Protocol):
             data, p.num_clients, p.method, seed=self.cfg.seed, alpha=p.alpha, edge_drop=p.edge_drop
         )).stats
         self.model = make_model(self.cfg.model, data.num_features, int(data.num_classes))
-        self.clients = self.transport.spawn(FedAvgClient, [
+        self.num_clients = len(part.shards)
+        clients = [
             dict(name=f"client{m}", seed=self.cfg.seed * 100_003 + m + 1, shard=shard, model=self.cfg.model,
                  train=self.cfg.train, num_features=data.num_features, num_classes=int(data.num_classes),
                  local_epochs=self.opts.local_epochs, batch_size=self.opts.batch_size)
             for m, shard in enumerate(part.shards)
-        ])
+        ]
+        self.size = size = self.group_size()  # clients per party: client m is member m % size of party m // size
+        if size == 1:
+            self.clients = self.transport.spawn(FedAvgClient, clients)
+        else:
+            self.clients = self.transport.spawn(FedAvgGroup, [
+                dict(name=f"group{g}", seed=members[0]["seed"], members=members, train=self.cfg.train,
+                     local_epochs=self.opts.local_epochs)
+                for g, members in enumerate(clients[i : i + size] for i in range(0, len(clients), size))
+            ])
 
-    def sample_clients(self) -> list[str]:
-        k = max(1, round(self.opts.client_fraction * len(self.clients)))
-        if k == len(self.clients):
-            return self.clients
-        chosen = torch.randperm(len(self.clients), generator=self.generator)[:k].sort().values
-        return [self.clients[i] for i in chosen]
+    def group_size(self) -> int:
+        """Clients per party (see ``FedAvgOptions.group_size``)."""
+        batchable = groupable(self.cfg.model.name) and self.opts.batch_size is None
+        size = self.opts.group_size
+        if size is None:
+            return self.num_clients if batchable and self.sample_size() == self.num_clients else 1
+        if size > 1 and not batchable:
+            raise ConfigError(f"fedavg group_size {size} needs a gcn or sage backbone and full-batch training "
+                              f"(batch_size unset), got model '{self.cfg.model.name}' and batch_size "
+                              f"{self.opts.batch_size}; use group_size 1")
+        return min(size, self.num_clients)
+
+    def sample_size(self) -> int:
+        return max(1, round(self.opts.client_fraction * self.num_clients))
+
+    def sample_clients(self) -> torch.Tensor:
+        """Ids of the clients training this round, ascending (drawn with the server's generator)."""
+        k = self.sample_size()
+        if k == self.num_clients:
+            return torch.arange(k)
+        return torch.randperm(self.num_clients, generator=self.generator)[:k].sort().values
 
     def train_round(self, round_index: int) -> dict[str, float]:
-        replies = self.transport.call_many(self.sample_clients(), "train", state=self.model.state_dict())
-        weights = torch.tensor([float(r["num_train"]) for r in replies])
+        chosen = self.sample_clients()
+        state = self.model.state_dict()
+        rows, num_train, losses = (self.train_groups if self.size > 1 else self.train_clients)(chosen, state)
+        weights = num_train.to(rows.dtype)
         if weights.sum() > 0:
-            self.model.load_state_dict(weighted_average([r["state"] for r in replies], weights))
-            loss = float((torch.tensor([r["loss"] for r in replies]) * weights).sum() / weights.sum())
+            self.model.load_state_dict(state_from_row((weights / weights.sum()) @ rows, state))
+            loss = float((losses.to(rows.dtype) * weights).sum() / weights.sum())
         else:
             loss = float("nan")
         return {"train_loss": loss}
+
+    def train_clients(self, chosen: torch.Tensor, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """One party per client: the global ``state`` to each; their models as ``flat_state`` rows,
+        training-node counts and losses, in the order of ``chosen``."""
+        replies = self.transport.call_many([self.clients[i] for i in chosen], "train", state=state)
+        return (torch.stack([flat_state(r["state"]) for r in replies]),
+                torch.tensor([r["num_train"] for r in replies]), torch.tensor([r["loss"] for r in replies]))
+
+    def train_groups(self, chosen: torch.Tensor, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """As ``train_clients`` with client groups: one call per group holding chosen clients, one
+        row of the global model per chosen member (``users`` names them unless all are chosen)."""
+        row = flat_state(state)
+        parties = chosen.div(self.size, rounding_mode="floor")
+        targets, calls = [], []
+        for party in sorted(set(parties.tolist())):
+            members = chosen[parties == party] - party * self.size
+            everyone = members.numel() == min(self.size, self.num_clients - party * self.size)
+            targets.append(self.clients[party])
+            calls.append({"state": row.expand(members.numel(), -1), "users": None if everyone else members})
+        replies = self.transport.call_many(targets, "train", per_target=calls)
+        if len(replies) == 1:  # a single group: its rows as they came
+            return replies[0]["state"], replies[0]["num_train"], replies[0]["loss"]
+        return tuple(torch.cat([r[key] for r in replies]) for key in ("state", "num_train", "loss"))
 
     def predict(self, evaluator: Evaluator) -> torch.Tensor:
         return evaluator.full_graph_logits(self.model, self.cfg.model.name)
