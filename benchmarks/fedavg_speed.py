@@ -3,7 +3,8 @@
 The setting peers use by default: 100 rounds, 3 local epochs, 2-layer GCN with 64 hidden units,
 Adam 0.01, evaluation every round. Reports ms per round, the whole run's wall time and peak
 memory (the process's maximum resident set, measured in a fresh interpreter), beside centralized
-full-graph GCN epochs timed in the same process, so the comparison is a ratio from one run.
+full-graph GCN epochs and the same FedAvg run with one party per client (``group_size: 1``) timed in
+the same process, so the comparisons are ratios from one run.
 Writes benchmarks/results/fedavg_speed.json.
 
     FEDGL_DATA_ROOT=../shared/datasets python benchmarks/fedavg_speed.py
@@ -42,6 +43,15 @@ def measure() -> dict:
         result = job.execute(progress=False)
         rounds_s = time.perf_counter() - t0
     total_s = time.perf_counter() - start
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+    per_client = build_config({**base, "protocol": {"name": "fedavg", "local_epochs": 3, "group_size": 1},
+                               "partition": {"num_clients": 10, "method": "metis"}})
+    with tempfile.TemporaryDirectory() as tmp:
+        job = Run(per_client, tmp)
+        t0 = time.perf_counter()
+        job.execute(progress=False)
+        per_client_ms = 1e3 * (time.perf_counter() - t0) / 100
 
     central = build_config({**base, "protocol": {"name": "centralized"}, "train": {"rounds": 200, "lr": 0.01}})
     with tempfile.TemporaryDirectory() as tmp:
@@ -60,10 +70,12 @@ def measure() -> dict:
         "ms_per_round": 1e3 * rounds_s / 100,
         "run_s": total_s,
         "setup_s": setup_s,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": peak_rss_mb,
         "test_accuracy": result.summary["test_accuracy"],
         "centralized_gcn_epoch_ms": epoch_ms,
         "round_over_centralized_epoch": 1e3 * rounds_s / 100 / epoch_ms,
+        "one_party_per_client_ms_per_round": per_client_ms,
+        "speedup_over_one_party_per_client": per_client_ms / (1e3 * rounds_s / 100),
     }
 
 
