@@ -45,7 +45,7 @@ class LocalTrainer:
         for name, tensor in self._tensors.items():
             tensor.copy_(state[name])
 
-    def step(self, idx: torch.Tensor) -> torch.Tensor:
+    def _step(self, idx: torch.Tensor) -> torch.Tensor:
         """One optimiser step on the nodes ``idx``; returns the detached loss (the model must be in
         training mode: ``train_epochs`` sets it once, not per step)."""
         self.optimizer.zero_grad()
@@ -61,8 +61,8 @@ class LocalTrainer:
         losses = []
         for _ in range(epochs):
             if batch_size is None or batch_size >= self.train_idx.numel():
-                losses.append(self.step(self.train_idx))
+                losses.append(self._step(self.train_idx))
                 continue
             order = self.train_idx[torch.randperm(self.train_idx.numel())]
-            losses.extend(self.step(batch) for batch in order.split(batch_size))
+            losses.extend(self._step(batch) for batch in order.split(batch_size))
         return torch.stack(losses).mean().item() if losses else 0.0

@@ -18,7 +18,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from ..config import apply_override, build_config
+from ..config import RunConfig, apply_override, build_config
 from ..errors import ConfigError
 from ..results import CONFIG, SUMMARY
 from ..runner import run
@@ -88,7 +88,7 @@ def select_variants(task: BenchTask, only: list[str] | None) -> list[Variant]:
     return chosen
 
 
-def finished_summary(folder: Path, cfg) -> dict[str, Any] | None:
+def finished_summary(folder: Path, cfg: RunConfig) -> dict[str, Any] | None:
     """The summary of an earlier run in ``folder`` made with exactly this config, if there is one."""
     summary, config = folder / SUMMARY, folder / CONFIG
     if not (summary.exists() and config.exists()):
