@@ -75,13 +75,20 @@ def method_variant(dataset: str, model: str, method: str, lam: float | None = No
     return Variant(label or f"{dataset} {method}", overrides, reference)
 
 
+def _task(**fields: Any) -> BenchTask:
+    """An nFedGNN task: the shared settings, columns, 3 seeds, upload column and figure unless ``fields`` say
+    otherwise."""
+    return BenchTask(**{"base": _BASE, "columns": COLUMNS, "seeds": 3, "quick": _QUICK, "derive": upload_mib,
+                        "finish": plot_results, **fields})
+
+
 def comparison_task(name: str, figure: str, model: str, datasets: tuple[str, ...]) -> BenchTask:
     variants = [method_variant(d, model, m) for d in datasets for m in ("centralized", "nfedgnn", "cnfgnn")]
-    return BenchTask(
+    return _task(
         name=name,
         description=f"{figure}: nFedGNN (best lambda) vs CNFGNN, split {model.upper()}, one user per node, "
                     f"{ROUNDS} rounds on {', '.join(datasets)}; the centralized {model.upper()} as reference.",
-        base=_BASE, variants=variants, columns=COLUMNS, seeds=3, quick=_QUICK, derive=upload_mib, finish=plot_results,
+        variants=variants,
         source=f"nFedGNN paper, {figure} and Table 1 (upload_mib); Fig. 3 and Sec. 4.2 text for Cora accuracies")
 
 
@@ -89,11 +96,11 @@ def lambda_task(name: str, figure: str, model: str, datasets: tuple[str, ...], g
     variants = [method_variant(d, model, "nfedgnn", lam, f"{d} lambda={lam:g}") for d in datasets
                 for lam in (0.0, *grid)]
     variants += [method_variant(d, model, "centralized") for d in datasets]
-    return BenchTask(
+    return _task(
         name=name,
         description=f"{figure}: nFedGNN with split {model.upper()} for lambda in {{0, {', '.join(map(str, grid))}}} "
                     f"on {', '.join(datasets)} ({ROUNDS} rounds; lambda = 0 is no regulariser).",
-        base=_BASE, variants=variants, columns=COLUMNS, seeds=3, quick=_QUICK, derive=upload_mib, finish=plot_results,
+        variants=variants,
         source=f"nFedGNN paper, {figure}; lambda grids of Section 4.2")
 
 
