@@ -121,3 +121,13 @@ def test_bench_runs_chosen_variants_and_reuses_finished_runs(capsys, tmp_path):
 def test_bench_only_matching_nothing_names_the_variants(capsys, tmp_path):
     fails_with(capsys, ["bench", "foundation-cora", "--only", "fedprox", "--out", str(tmp_path)],
                "fedprox", "fedavg-metis10")
+
+
+def test_bench_table_says_how_many_runs_a_mean_covers():
+    from fedgl.bench.core import BenchTask, Variant, render_markdown
+
+    task = BenchTask(name="t", description="", base={}, variants=[Variant("a")], columns=["gb_at_target"])
+    partial = {"mean": 1.5, "std": 0.0, "paper": None, "runs": 1, "of": 3}
+    full = partial | {"runs": 3}
+    assert "1.5 ± 0 (1 of 3 runs)" in render_markdown(task, [{"variant": "a", "gb_at_target": partial}], 3)
+    assert "runs)" not in render_markdown(task, [{"variant": "a", "gb_at_target": full}], 3)

@@ -131,8 +131,10 @@ def run_task(task: BenchTask, out_dir: str | Path, *, seeds: int | None = None, 
         mine = [r for r in runs if r["variant"] == variant.label]
         row: dict[str, Any] = {"variant": variant.label}
         for column in task.columns:
-            mean, std = aggregate([r.get(column) for r in mine])
-            row[column] = {"mean": mean, "std": std, "paper": variant.reference.get(column)}
+            values = [r.get(column) for r in mine]
+            mean, std = aggregate(values)
+            row[column] = {"mean": mean, "std": std, "paper": variant.reference.get(column),
+                           "runs": sum(v is not None for v in values), "of": len(values)}
         rows.append(row)
     result = {"task": task.name, "description": task.description, "source": task.source, "seeds": n_seeds,
               "quick": quick, "rows": rows}
@@ -157,7 +159,11 @@ def _header(task: BenchTask) -> list[str]:
 def _cells(task: BenchTask, row: dict[str, Any]) -> list[str]:
     cells = [row["variant"]]
     for column in task.columns:
-        cells.append(_cell(row[column]["mean"], row[column]["std"], column))
+        entry = row[column]
+        cell = _cell(entry["mean"], entry["std"], column)
+        if 0 < entry.get("runs", 0) < entry.get("of", 0):  # e.g. a target some seeds never reached
+            cell += f" ({entry['runs']} of {entry['of']} runs)"
+        cells.append(cell)
         if any(column in v.reference for v in task.variants):
             cells.append(_ref(row[column]["paper"], column))
     return cells
