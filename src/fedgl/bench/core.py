@@ -161,11 +161,11 @@ def _cells(task: BenchTask, row: dict[str, Any]) -> list[str]:
     for column in task.columns:
         entry = row[column]
         cell = _cell(entry["mean"], entry["std"], column)
-        if 0 < entry.get("runs", 0) < entry.get("of", 0):  # e.g. a target some seeds never reached
+        if 0 < entry["runs"] < entry["of"]:  # e.g. a target some seeds never reached
             cell += f" ({entry['runs']} of {entry['of']} runs)"
         cells.append(cell)
         if any(column in v.reference for v in task.variants):
-            cells.append(_ref(row[column]["paper"], column))
+            cells.append(_ref(entry["paper"], column))
     return cells
 
 
