@@ -9,7 +9,7 @@ import torch
 
 from fedgl.config import build_config, load_config
 from fedgl.runner import Run, run
-from fedgl.training import make_model
+from fedgl.optim import make_model
 
 
 def cora(data_root, protocol: dict, **sections) -> dict:

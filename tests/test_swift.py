@@ -18,7 +18,7 @@ from fedgl.data import load_dataset
 from fedgl.errors import ConfigError
 from fedgl.partition import partition_horizontal
 from fedgl.protocols import REGISTRY
-from fedgl.protocols import cross_client
+from fedgl.protocols import horizontal_client
 from fedgl.protocols.cross_client import CrossClient
 from fedgl.protocols.fedgnn_pns import PNSOptions, sampling_iterations
 from fedgl.runner import Run, run
@@ -65,7 +65,7 @@ def test_cross_client_step_equals_centralized_computation(tmp_path, monkeypatch,
     centralized loss, and its gradient equals the centralized gradient with the remote nodes'
     hidden embeddings held constant (the stop-gradient of remote contributions). Computing on
     sparse feature rows changes nothing."""
-    monkeypatch.setattr(cross_client, "FEATURE_DENSITY", 1.0 if sparse else 0.0)
+    monkeypatch.setattr(horizontal_client, "FEATURE_DENSITY", 1.0 if sparse else 0.0)
     job = built({"name": "swift", "K": 1, "fanouts": [-1, -1], "batch_size": None, "min_aggregate": 1},
                 tmp_path, model=model)
     result = one_cross_step(job, trainer=1)

@@ -66,7 +66,7 @@ def _bench(args: argparse.Namespace) -> int:
 
         overrides[key] = yaml.safe_load(value)
     task = get_task(args.task)
-    out = Path(args.out) if args.out else Path("results") / "bench" / task.name
+    out = Path(args.out) if args.out else Path("benchmarks") / "results" / task.name
     run_task(task, out, seeds=args.seeds, quick=args.quick, backend=args.backend, overrides=overrides,
              only=args.only, rerun=args.rerun, console=console)
     console.print(f"results: {out}")
@@ -140,7 +140,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--quick", action="store_true", help="short smoke version of the task, one seed")
     b.add_argument("--backend", choices=["local", "ray"])
     b.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key in every run")
-    b.add_argument("--out", help="results folder (default results/bench/<task>)")
+    b.add_argument("--out", help="results folder (default benchmarks/results/<task>)")
     b.add_argument("--only", action="append", metavar="LABEL",
                    help="run only the variants whose label contains LABEL (repeatable)")
     b.add_argument("--rerun", action="store_true",

@@ -8,7 +8,7 @@ protocol's own ``Options`` model, so each protocol owns its settings.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -17,6 +17,22 @@ from .errors import ConfigError
 
 
 DEFAULT_PROTOCOL = "fedavg"
+
+# The protocol section is validated by the chosen protocol's own options model. The protocol
+# registry installs the validator when ``fedgl.protocols`` is imported (``fedgl`` does so), so this
+# module needs nothing from the protocols above it.
+_protocol_options: Callable[[dict[str, Any]], BaseModel] | None = None
+
+
+def register_protocol_options(validate: Callable[[dict[str, Any]], BaseModel]) -> None:
+    global _protocol_options
+    _protocol_options = validate
+
+
+def protocol_options(section: dict[str, Any]) -> BaseModel:
+    if _protocol_options is None:
+        raise RuntimeError("no protocol registry: import fedgl.protocols before validating a config")
+    return _protocol_options(section)
 
 
 class Section(BaseModel):
@@ -32,9 +48,13 @@ class DatasetConfig(Section):
 
 class PartitionConfig(Section):
     num_clients: int = Field(10, ge=1)
-    method: str = Field("metis", description="horizontal: metis|louvain|dirichlet|random; vertical: contiguous|random")
+    method: str = Field("metis", description=(
+        "horizontal: metis|louvain|dirichlet|random|stratified; vertical: contiguous|random"))
     alpha: float = Field(0.5, gt=0, description="Dirichlet label-skew concentration")
     edge_drop: float = Field(0.0, ge=0, lt=1, description="horizontal: drop ratio of intra-client edges")
+    cross_edge_drop: float = Field(0.0, ge=0, lt=1, description="horizontal: drop ratio of cross-client edges")
+    client_nodes: Literal["all", "train", "train+val"] = Field("all", description=(
+        "horizontal: which nodes clients own; the others (held out) are owned by no client"))
     edge_keep: float = Field(0.8, gt=0, le=1, description="vertical: share of edges each client keeps")
     label_holder: int | None = Field(None, ge=0, description="vertical: the only client holding labels")
 
@@ -89,8 +109,6 @@ class RunConfig(Section):
     @classmethod
     def _protocol_known(cls, section: dict[str, Any]) -> dict[str, Any]:
         """Validate with the protocol's own options model and store its complete, defaulted form."""
-        from .protocols import protocol_options
-
         return protocol_options({"name": DEFAULT_PROTOCOL, **section}).model_dump()
 
     @property
@@ -98,8 +116,6 @@ class RunConfig(Section):
         return str(self.protocol.get("name", "")).lower()
 
     def options(self) -> BaseModel:
-        from .protocols import protocol_options
-
         return protocol_options(self.protocol)
 
 

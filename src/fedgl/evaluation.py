@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 from torch_geometric.data import Data
 
 from .metrics import classification_metrics
@@ -37,9 +38,11 @@ class Evaluator:
         return out
 
     def score(self, logits: torch.Tensor) -> dict[str, float]:
+        """Accuracy, macro-F1, AUC and cross-entropy loss on the validation and test nodes."""
         out = {}
         for split in SPLITS:
             mask = getattr(self.data, f"{split}_mask")
             for metric, value in classification_metrics(logits[mask], self.data.y[mask], self.num_classes).items():
                 out[f"{split}_{metric}"] = value
+            out[f"{split}_loss"] = float(F.cross_entropy(logits[mask].float(), self.data.y[mask]))
         return out

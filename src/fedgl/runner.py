@@ -156,6 +156,8 @@ class Run:
             "test_macro_f1": best.get("test_macro_f1"),
             "test_auc": best.get("test_auc"),
             "final_test_accuracy": rows[-1]["test_accuracy"] if rows else None,
+            "final_test_macro_f1": rows[-1]["test_macro_f1"] if rows else None,
+            "final_test_auc": rows[-1]["test_auc"] if rows else None,
             "bytes_total": ledger.total(),
             "bytes_by_kind": ledger.by_kind(include_eval=False),
             "bytes_by_direction": ledger.by_direction(),
@@ -169,6 +171,7 @@ class Run:
             "sim_time_at_target_s": hit["sim_time_s"] if hit else None,
             "network": cfg.network.model_dump(),
             "partition": getattr(self.protocol, "partition_stats", None) and self.protocol.partition_stats.summary(),
+            **self.protocol.summary(),
         }
 
     def write(self, summary: dict[str, Any]) -> None:

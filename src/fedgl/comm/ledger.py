@@ -1,7 +1,8 @@
 """The communication ledger: every measured message, by round, direction, party and kind.
 
-Messages are aggregated as they arrive into totals keyed by ``(round, sender, receiver, kind)``
-(bytes and message count), which keeps the ledger small even for thousands of users: a vectorised
+Messages are aggregated as they arrive into totals keyed by ``(round, sender, receiver, kind,
+method)`` (bytes and message count; ``method`` is the party method called, so a protocol can tell,
+e.g., its cross-client phases from its model exchange), which keeps the ledger small even for thousands of users: a vectorised
 user group is one party whose per-user shares are summed into per-member vectors.
 Evaluation traffic is recorded under the kind ``eval`` and left out of training totals.
 """
@@ -20,11 +21,11 @@ EVAL = "eval"
 @dataclass
 class Ledger:
     round: int = 0
-    _totals: dict[tuple[int, str, str, str], list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0]))
+    _totals: dict[tuple[int, str, str, str, str], list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0]))
     _members: dict[tuple[str, str], torch.Tensor] = field(default_factory=dict)
 
-    def record(self, src: str, dst: str, kind: str, nbytes: int, messages: int = 1) -> None:
-        entry = self._totals[(self.round, src, dst, kind)]
+    def record(self, src: str, dst: str, kind: str, nbytes: int, messages: int = 1, method: str = "") -> None:
+        entry = self._totals[(self.round, src, dst, kind, method)]
         entry[0] += nbytes
         entry[1] += messages
 
@@ -41,36 +42,49 @@ class Ledger:
     def rows(self) -> list[dict]:
         """Every aggregated entry, for writing to disk."""
         return [
-            {"round": r, "src": s, "dst": d, "direction": direction(s, d), "kind": k, "bytes": b, "messages": n}
-            for (r, s, d, k), (b, n) in sorted(self._totals.items())
+            {"round": r, "src": s, "dst": d, "direction": direction(s, d), "kind": k, "method": m, "bytes": b,
+             "messages": n}
+            for (r, s, d, k, m), (b, n) in sorted(self._totals.items())
         ]
 
-    def total(self, *, kind: str | None = None, upto_round: int | None = None, include_eval: bool = False) -> int:
+    def total(self, *, kind: str | None = None, upto_round: int | None = None, include_eval: bool = False,
+              methods: tuple[str, ...] | None = None, kinds: tuple[str, ...] | None = None) -> int:
+        """Bytes of the messages matching every filter given (``methods``/``kinds``: any of them)."""
         return sum(
             b
-            for (r, _, _, k), (b, _) in self._totals.items()
+            for (r, _, _, k, m), (b, _) in self._totals.items()
             if (kind is None or k == kind)
+            and (kinds is None or k in kinds)
+            and (methods is None or m in methods)
             and (include_eval or k != EVAL)
             and (upto_round is None or r <= upto_round)
         )
 
+    def by_method(self) -> dict[str, dict[str, int]]:
+        """Training bytes per called method and kind."""
+        out: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        for (_, _, _, k, m), (b, _) in self._totals.items():
+            if k != EVAL:
+                out[m][k] += b
+        return {m: dict(sorted(kinds.items())) for m, kinds in sorted(out.items())}
+
     def by_kind(self, include_eval: bool = True) -> dict[str, int]:
         out: dict[str, int] = defaultdict(int)
-        for (_, _, _, k), (b, _) in self._totals.items():
+        for (_, _, _, k, _), (b, _) in self._totals.items():
             if include_eval or k != EVAL:
                 out[k] += b
         return dict(sorted(out.items()))
 
     def by_direction(self) -> dict[str, int]:
         out: dict[str, int] = defaultdict(int)
-        for (_, s, d, k), (b, _) in self._totals.items():
+        for (_, s, d, k, _), (b, _) in self._totals.items():
             if k != EVAL:
                 out[direction(s, d)] += b
         return dict(out)
 
     def by_round(self, include_eval: bool = False) -> dict[int, int]:
         out: dict[int, int] = defaultdict(int)
-        for (r, _, _, k), (b, _) in self._totals.items():
+        for (r, _, _, k, _), (b, _) in self._totals.items():
             if include_eval or k != EVAL:
                 out[r] += b
         return dict(sorted(out.items()))
@@ -78,7 +92,7 @@ class Ledger:
     def by_party(self) -> dict[str, dict[str, int]]:
         """Training bytes each non-server party sent ('up') and received ('down')."""
         out: dict[str, dict[str, int]] = defaultdict(lambda: {"up": 0, "down": 0})
-        for (_, s, d, k), (b, _) in self._totals.items():
+        for (_, s, d, k, _), (b, _) in self._totals.items():
             if k == EVAL:
                 continue
             if s != SERVER:
@@ -88,7 +102,7 @@ class Ledger:
         return dict(out)
 
     def messages(self, *, kind: str | None = None) -> int:
-        return sum(n for (_, _, _, k), (_, n) in self._totals.items() if kind is None or k == kind)
+        return sum(n for (_, _, _, k, _), (_, n) in self._totals.items() if kind is None or k == kind)
 
     def member_bytes(self, group: str, direction: str) -> torch.Tensor | None:
         return self._members.get((group, direction))

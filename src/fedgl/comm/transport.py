@@ -18,7 +18,7 @@ import torch
 from .ledger import EVAL, SERVER, Ledger
 from .network import NetworkModel, SimClock
 from .party import Party
-from .rpc import Measured, Rows, measure_args, measure_result, spec_of
+from .rpc import Measured, measure_args, measure_result, spec_of
 
 
 class Transport:
@@ -87,7 +87,7 @@ class Transport:
         for i, target in enumerate(targets):
             kwargs = {**shared, **(per_target[i] if per_target is not None else {})}
             down = measure_args(spec_of(self._classes[target], method), kwargs)
-            self._record(SERVER, target, down, kwargs)
+            self._record(SERVER, target, down, kwargs, method)
             downs.append(down)
             calls.append((target, method, kwargs))
         outcomes = self._execute(calls)
@@ -95,7 +95,7 @@ class Transport:
         times = {}
         for (target, _, kwargs), down, (result, seconds) in zip(calls, downs, outcomes):
             up = measure_result(spec_of(self._classes[target], method), result)
-            self._record(target, SERVER, up, kwargs)
+            self._record(target, SERVER, up, kwargs, method)
             times[target] = (
                 self._transfer_s(down) + network.compute_s(seconds) + self._transfer_s(up)
             )
@@ -113,10 +113,10 @@ class Transport:
             return network.transfer_s(row_bytes + rest)
         return network.transfer_s(m.total)
 
-    def _record(self, src: str, dst: str, m: Measured, kwargs: dict[str, Any]) -> None:
+    def _record(self, src: str, dst: str, m: Measured, kwargs: dict[str, Any], method: str) -> None:
         ledger = self.ledger
         for kind, size in m.by_kind.items():
-            ledger.record(src, dst, EVAL if self._evaluating else kind, size)
+            ledger.record(src, dst, EVAL if self._evaluating else kind, size, method=method)
         if self._evaluating:
             return
         group, direction = (dst, "down") if src == SERVER else (src, "up")

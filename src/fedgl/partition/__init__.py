@@ -1,5 +1,9 @@
 """Partitioners that cut one graph into the private shards of the parties of a federation."""
 
+from torch_geometric.data import Data
+
+from fedgl.config import PartitionConfig
+
 from fedgl.partition.horizontal import partition_horizontal
 from fedgl.partition.node_level import partition_node_level
 from fedgl.partition.shards import (
@@ -12,6 +16,14 @@ from fedgl.partition.shards import (
 )
 from fedgl.partition.vertical import partition_vertical
 
+
+
+def horizontal_from_config(data: Data, p: PartitionConfig, seed: int) -> HorizontalPartition:
+    """The horizontal partition a run's ``partition`` section describes."""
+    return partition_horizontal(data, p.num_clients, p.method, seed=seed, alpha=p.alpha, edge_drop=p.edge_drop,
+                                cross_edge_drop=p.cross_edge_drop, client_nodes=p.client_nodes)
+
+
 __all__ = [
     "HorizontalPartition",
     "HorizontalShard",
@@ -19,6 +31,7 @@ __all__ = [
     "PartitionStats",
     "VerticalPartition",
     "VerticalShard",
+    "horizontal_from_config",
     "partition_horizontal",
     "partition_node_level",
     "partition_vertical",

@@ -49,6 +49,8 @@ def partition_horizontal(
     seed: int = 0,
     alpha: float = 0.5,
     edge_drop: float = 0.0,
+    cross_edge_drop: float = 0.0,
+    client_nodes: str = "all",
 ) -> HorizontalPartition:
     """Split the nodes of ``data`` among ``num_clients`` clients.
 
@@ -63,6 +65,8 @@ def partition_horizontal(
         raise PartitionError(f"edge_drop must be in [0, 1), got {edge_drop}")
     if not alpha > 0:
         raise PartitionError(f"alpha must be > 0, got {alpha}")
+    if cross_edge_drop or client_nodes != "all":
+        raise PartitionError("cross_edge_drop and client_nodes are not implemented yet")
     owner = torch.as_tensor(_ASSIGNERS[method](graph, num_clients, seed, alpha), dtype=torch.long)
     empty = (torch.bincount(owner, minlength=num_clients) == 0).nonzero().flatten().tolist()
     if empty:

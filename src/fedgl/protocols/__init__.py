@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from ..config import describe, register_protocol_options
 from ..errors import ConfigError
 
 REGISTRY: dict[str, str] = {
@@ -37,6 +38,7 @@ def protocol_options(section: dict[str, Any]) -> BaseModel:
     try:
         return cls.Options.model_validate({**section, "name": str(section["name"]).lower()})
     except ValidationError as err:
-        from ..config import describe
-
         raise ConfigError(describe(err, prefix="protocol.")) from None
+
+
+register_protocol_options(protocol_options)

@@ -48,6 +48,11 @@ class Protocol:
         """Logits for every node of the graph, for scoring (runs inside ``transport.evaluation()``)."""
         raise NotImplementedError
 
+    def summary(self) -> dict[str, Any]:
+        """Protocol-specific fields for ``summary.json`` (e.g. bytes of one message family), read from
+        the ledger and the server's own state after the last round."""
+        return {}
+
     def state_dict(self) -> dict[str, Any]:
         """Server-side state for checkpoints (client state is saved by the transport)."""
         return {"generator": self.generator.get_state()}

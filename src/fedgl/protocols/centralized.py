@@ -10,7 +10,8 @@ from pydantic import Field
 from torch_geometric.data import Data
 
 from ..evaluation import Evaluator
-from ..training import LocalTrainer, make_model
+from ..optim import make_model
+from .local_training import LocalTrainer
 from .base import Protocol, ProtocolOptions
 
 

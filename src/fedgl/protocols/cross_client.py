@@ -19,7 +19,7 @@ calls the server relays:
 3. the training client computes the loss on its batch and returns its gradient (``gradient``).
 
 Remote contributions reach the training client as detached constants: the training client's
-gradient flows through its own nodes' computation only (see docs/swift-architecture.md).
+gradient flows through its own nodes' computation only (ARCHITECTURE.md, "Gradients through remote embeddings are stopped").
 A remote client answers a first-layer pair only if it sums at least ``min_aggregate`` non-zero
 feature rows, so no raw feature row ever leaves its owner.
 """
@@ -36,19 +36,20 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch_geometric.data import Data
 
-from ..comm import Party, rpc
+from ..comm import rpc
 from ..config import ModelConfig, TrainConfig
 from ..errors import ConfigError
 from ..evaluation import Evaluator
-from ..models import Backbone, as_model_input, select_rows
+from ..models import Backbone, select_rows
 from ..models.graph import canonical_model_name, feature_dropout, feature_linear
-from ..partition import partition_horizontal
-from ..sampling import CSR, sample_neighbors
-from ..training import make_model, make_optimizer
+from ..partition import horizontal_from_config
+from ..sampling import CSR
+from ..optim import make_model, make_optimizer
 from .base import Protocol, ProtocolOptions
+from .horizontal_client import HorizontalClient, sample_hop
+from .routing import LayerRoute, Router
 
 SPLITTABLE = ("sage", "gin")  # element-wise aggregators: mean (GraphSAGE) and sum (GIN)
-FEATURE_DENSITY = 0.1  # feature matrices sparser than this are computed on as sparse rows
 
 
 # ---- the backbone's layers applied to aggregates assembled elsewhere --------------------------------
@@ -101,17 +102,6 @@ def block_layer(model: Backbone, layer: int, h_in: Tensor, n_dst: int, src: Tens
 def dense_rows(h: Tensor, index: Tensor) -> Tensor:
     rows = select_rows(h, index)
     return rows if rows.layout == torch.strided else rows.to_dense()
-
-
-# ---- neighbour sampling ----------------------------------------------------------------------------
-def sample_hop(csr: CSR, seeds: Tensor, fanout: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-    """Up to ``fanout`` distinct in-neighbours of each seed (``-1``: all of them), as
-    (position of the seed in ``seeds``, neighbour column) per pick."""
-    if seeds.numel() == 0:
-        return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
-    sub = sample_neighbors(csr, seeds, [fanout], generator)
-    src, dst = sub.blocks[0].edge_index
-    return dst, sub.n_id[src]
 
 
 # ---- one party's share of one training client's sampled computation graph --------------------------
@@ -188,33 +178,18 @@ class Plan:
 
 
 # ---- the client ----------------------------------------------------------------------------------
-class CrossClient(Party):
+class CrossClient(HorizontalClient):
     """A client holding one horizontal shard: trains on it and serves partial sums to others."""
 
     def __init__(self, name: str, seed: int, shard: Any, model: ModelConfig, train: TrainConfig,
                  num_features: int, num_classes: int, batch_size: int | None, fanouts: list[int],
                  min_aggregate: int = 2):
-        super().__init__(name, seed)
-        self.model = make_model(model, num_features, num_classes)
+        super().__init__(name, seed, shard, model, num_features, num_classes)
         self.train_cfg = train
-        self.x = shard.x.float()
-        self.features = as_model_input(self.x, FEATURE_DENSITY)
-        self.y = shard.y
-        self.global_ids = shard.nodes
-        self.train_mask = shard.train_mask
-        self.train_idx = shard.train_mask.nonzero().flatten()
         self.batch_size = batch_size
         self.fanouts = list(fanouts)
         self.min_aggregate = min_aggregate
         self.nonzero = (self.x != 0).any(dim=1)
-        n = shard.num_nodes
-        self.generator = torch.Generator().manual_seed(seed)
-        self.local_csr = CSR.from_edge_index(shard.edge_index, n)
-        # Remote in-neighbours become columns n, n+1, ... of the full adjacency (rows past n stay
-        # empty); their global ids are all the client knows about them.
-        self.remote_ids, remote_col = torch.unique(shard.cross_edges[1], return_inverse=True)
-        cross = torch.stack([remote_col + n, shard.cross_edges[0]])
-        self.full_csr = CSR.from_edge_index(torch.cat([shard.edge_index, cross], 1), n + self.remote_ids.numel())
         self.plans: dict[str, Plan] = {}
         self.reuse: Plan | None = None
         self.optimizer: torch.optim.Optimizer | None = None
@@ -343,72 +318,6 @@ class CrossClient(Party):
             plan.remote_sum[layer], plan.remote_count[layer] = rows, counts[trainer]
 
 
-# ---- the server's routing of picks and sums --------------------------------------------------------
-@dataclass
-class LayerRoute:
-    """How one training client's picks of one layer map to pairs and targets."""
-
-    pair_counts: Tensor  # pairs served by each owner (owner order = pair order)
-    target_of_pair: Tensor  # target row of every pair
-    target_counts: Tensor  # target rows held by each owner
-
-
-class Router:
-    """The server's routing table: which client owns a node and the node's local index there."""
-
-    def __init__(self, owner: Tensor, local_index: Tensor, names: list[str]):
-        self.owner = owner
-        self.local_index = local_index
-        self.names = names
-        self.index = {name: i for i, name in enumerate(names)}
-
-    def route(self, picks: dict[str, dict[str, dict[str, Tensor]]]) -> tuple[dict[str, dict], dict[str, LayerRoute]]:
-        """Group remote picks {trainer: {target owner: {targets, ids}}} into (target, owner) pairs;
-        return the requests {owner: {trainer: {u, pair}}} and each trainer's route for combining."""
-        m = len(self.names)
-        requests: dict[str, dict[str, dict[str, Tensor]]] = {}
-        routes: dict[str, LayerRoute] = {}
-        for trainer, by_owner in picks.items():
-            parts = [(self.index[c], p["targets"], p["ids"]) for c, p in by_owner.items() if p["ids"].numel()]
-            if not parts:
-                continue
-            tgt_owner = torch.cat([torch.full_like(t, c) for c, t, _ in parts])
-            tpos = torch.cat([t for _, t, _ in parts])
-            gid = torch.cat([g for _, _, g in parts])
-            src_owner = self.owner[gid]
-            span = int(tpos.max()) + 1
-            keys, pair_of_pick = torch.unique((src_owner * m + tgt_owner) * span + tpos, return_inverse=True)
-            pair_src = keys // (m * span)
-            pair_counts = torch.bincount(pair_src, minlength=m)
-            local_pair = pair_of_pick - (torch.cumsum(pair_counts, 0) - pair_counts)[src_owner]
-            targets, target_of_pair = torch.unique(keys % (m * span), return_inverse=True)
-            routes[trainer] = LayerRoute(pair_counts, target_of_pair,
-                                         torch.bincount(targets // span, minlength=m))
-            u = self.local_index[gid]
-            for c in pair_src.unique().tolist():
-                mine = src_owner == c
-                requests.setdefault(self.names[c], {})[trainer] = {"u": u[mine], "pair": local_pair[mine]}
-        return requests, routes
-
-    def combine(self, routes: dict[str, LayerRoute], replies: dict[str, dict]) -> tuple[dict, dict]:
-        """Eq. (6): add each target's partial sums over owners; return {owner: {trainer: rows}} and counts."""
-        remote: dict[str, dict[str, Tensor]] = {}
-        counts: dict[str, dict[str, Tensor]] = {}
-        for trainer, route in routes.items():
-            owners = [self.names[c] for c in route.pair_counts.nonzero().flatten().tolist()]
-            sums = torch.cat([replies[c]["sums"][trainer] for c in owners])
-            sizes = torch.cat([replies[c]["counts"][trainer] for c in owners])
-            n_targets = int(route.target_counts.sum())
-            total = torch.zeros(n_targets, sums.size(1)).index_add_(0, route.target_of_pair, sums)
-            size = torch.zeros(n_targets, dtype=torch.long).index_add_(0, route.target_of_pair, sizes)
-            for c, rows, cnt in zip(self.names, total.split(route.target_counts.tolist()),
-                                    size.split(route.target_counts.tolist())):
-                if rows.numel():
-                    remote.setdefault(c, {})[trainer] = rows
-                    counts.setdefault(c, {})[trainer] = cnt
-        return remote, counts
-
-
 # ---- the protocol base ------------------------------------------------------------------------------
 class MiniBatchOptions(ProtocolOptions):
     batch_size: int | None = Field(256, ge=1, description="training nodes per client per iteration; null = all")
@@ -442,8 +351,7 @@ class CrossClientProtocol(Protocol):
         if len(self.opts.fanouts) != cfg.model.layers:
             raise ConfigError(f"protocol.fanouts has {len(self.opts.fanouts)} entries but model.layers is "
                               f"{cfg.model.layers}; give one fanout per layer")
-        p = cfg.partition
-        part = partition_horizontal(data, p.num_clients, p.method, seed=cfg.seed, alpha=p.alpha, edge_drop=p.edge_drop)
+        part = horizontal_from_config(data, cfg.partition, cfg.seed)
         self.partition_stats = part.stats
         with torch.random.fork_rng():
             torch.manual_seed(cfg.seed)

@@ -6,7 +6,7 @@ the server averages them weighted by training-node count. This is FedSage in swi
 FedLocal in fedaas.txt.
 
 Clients are parties of their own (``FedAvgClient``) or members of a ``FedAvgGroup``, a party that
-trains several GCN/GraphSAGE clients as one batched computation (``fedgl.client_group``) with the
+trains several GCN/GraphSAGE clients as one batched computation (``protocols/fedavg_group.py``) with the
 same trajectories and the same model bytes: each member's model travels as its own row of a
 ``Rows("model")`` payload and the ledger attributes it to that member.
 """
@@ -19,13 +19,14 @@ import torch
 from pydantic import Field
 from torch_geometric.data import Data
 
-from ..client_group import ClientGroupTrainer, flat_state, groupable, state_from_row
+from .fedavg_group import ClientGroupTrainer, flat_state, groupable, state_from_row
 from ..comm import Party, Rows, rpc
 from ..config import ModelConfig, TrainConfig
 from ..errors import ConfigError
 from ..evaluation import Evaluator
-from ..partition import partition_horizontal
-from ..training import LocalTrainer, make_model
+from ..partition import horizontal_from_config
+from ..optim import make_model
+from .local_training import LocalTrainer
 from .base import Protocol, ProtocolOptions
 
 
@@ -99,10 +100,7 @@ class FedAvg(Protocol):
     Options = FedAvgOptions
 
     def setup(self, data: Data) -> None:
-        p = self.cfg.partition
-        self.partition_stats = (part := partition_horizontal(
-            data, p.num_clients, p.method, seed=self.cfg.seed, alpha=p.alpha, edge_drop=p.edge_drop
-        )).stats
+        self.partition_stats = (part := horizontal_from_config(data, self.cfg.partition, self.cfg.seed)).stats
         self.model = make_model(self.cfg.model, data.num_features, int(data.num_classes))
         self.num_clients = len(part.shards)
         clients = [

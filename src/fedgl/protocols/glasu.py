@@ -46,7 +46,7 @@ from ..models.split_vertical import (
     sample_below,
 )
 from ..partition import partition_vertical
-from ..training import make_optimizer
+from ..optim import make_optimizer
 from .base import Protocol, ProtocolOptions
 
 VERTICAL_BLOCKS = ("contiguous", "random")

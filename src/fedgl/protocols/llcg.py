@@ -26,10 +26,11 @@ from torch.nn import functional as F
 from ..comm import rpc
 from ..config import TrainConfig
 from ..errors import ConfigError
-from ..training import make_optimizer
+from ..optim import make_optimizer
 from ..models import as_model_input
 from ..models.graph import feature_dropout
-from .cross_client import FEATURE_DENSITY, CrossClient, CrossClientProtocol, MiniBatchOptions, block_layer, sample_hop
+from .cross_client import CrossClient, CrossClientProtocol, MiniBatchOptions, block_layer
+from .horizontal_client import FEATURE_DENSITY, sample_hop
 from .fedavg import weighted_average
 
 

@@ -38,7 +38,7 @@ from ..models.split_node import (
     support_gradient,
 )
 from ..partition import partition_node_level
-from ..training import make_optimizer
+from ..optim import make_optimizer
 from .base import Protocol, ProtocolOptions
 
 

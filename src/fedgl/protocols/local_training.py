@@ -1,4 +1,4 @@
-"""The local training loop shared by the centralized reference and horizontal FL clients."""
+"""The full-graph local training loop of the centralized reference and FedAvg clients."""
 
 from __future__ import annotations
 
@@ -6,19 +6,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .config import ModelConfig, TrainConfig
-from .models import as_model_input, build_model, prepare_graph
-
-
-def make_optimizer(params, train: TrainConfig) -> torch.optim.Optimizer:
-    if train.optimizer == "adam":
-        # The fused kernel updates every parameter in one call: a third faster for small client models.
-        return torch.optim.Adam(params, lr=train.lr, weight_decay=train.weight_decay, fused=True)
-    return torch.optim.SGD(params, lr=train.lr, weight_decay=train.weight_decay)
-
-
-def make_model(model: ModelConfig, in_dim: int, num_classes: int) -> nn.Module:
-    return build_model(model.name, in_dim, model.hidden, num_classes, model.layers, model.dropout, **model.options)
+from ..config import TrainConfig
+from ..models import as_model_input, prepare_graph
+from ..optim import make_optimizer
 
 
 class LocalTrainer:

@@ -8,13 +8,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fedgl.client_group import ClientGroupTrainer, flat_state
+from fedgl.protocols.fedavg_group import ClientGroupTrainer, flat_state
 from fedgl.config import ModelConfig, TrainConfig, build_config
 from fedgl.errors import ConfigError
 from fedgl.models import build_model
 from fedgl.protocols.fedavg import FedAvgGroup
 from fedgl.runner import Run, load_data, run
-from fedgl.training import LocalTrainer
+from fedgl.protocols.local_training import LocalTrainer
 
 ROUNDS = 3
 # Losses and parameters agree to float rounding (measured: within 2e-7); Adam can turn rounding in a

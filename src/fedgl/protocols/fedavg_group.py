@@ -35,10 +35,11 @@ from torch import Tensor
 from torch.optim.adam import adam
 from torch.optim.sgd import sgd
 
-from .config import TrainConfig
-from .errors import ConfigError
-from .models.graph import SparseOperator, canonical_model_name
-from .training import LocalTrainer, make_optimizer
+from ..config import TrainConfig
+from ..errors import ConfigError
+from ..models.graph import SparseOperator, canonical_model_name
+from ..optim import make_optimizer
+from .local_training import LocalTrainer
 
 __all__ = ["GROUP_MODELS", "ClientGroupTrainer", "flat_state", "groupable", "state_from_row"]
 

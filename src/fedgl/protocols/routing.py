@@ -1,0 +1,79 @@
+"""The server's routing table for horizontal cross-client protocols.
+
+The server knows which client owns each node and the node's local index there, nothing else. It
+turns a training client's remote picks (target position, global id) into requests to the picks'
+owners, grouped into (target, owner) pairs, and adds the owners' partial sums of each target back
+together before they return to the target's owner.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class LayerRoute:
+    """How one training client's picks of one layer map to pairs and targets."""
+
+    pair_counts: Tensor  # pairs served by each owner (owner order = pair order)
+    target_of_pair: Tensor  # target row of every pair
+    target_counts: Tensor  # target rows held by each owner
+
+
+class Router:
+    """The server's routing table: which client owns a node and the node's local index there."""
+
+    def __init__(self, owner: Tensor, local_index: Tensor, names: list[str]):
+        self.owner = owner
+        self.local_index = local_index
+        self.names = names
+        self.index = {name: i for i, name in enumerate(names)}
+
+    def route(self, picks: dict[str, dict[str, dict[str, Tensor]]]) -> tuple[dict[str, dict], dict[str, LayerRoute]]:
+        """Group remote picks {trainer: {target owner: {targets, ids}}} into (target, owner) pairs;
+        return the requests {owner: {trainer: {u, pair}}} and each trainer's route for combining."""
+        m = len(self.names)
+        requests: dict[str, dict[str, dict[str, Tensor]]] = {}
+        routes: dict[str, LayerRoute] = {}
+        for trainer, by_owner in picks.items():
+            parts = [(self.index[c], p["targets"], p["ids"]) for c, p in by_owner.items() if p["ids"].numel()]
+            if not parts:
+                continue
+            tgt_owner = torch.cat([torch.full_like(t, c) for c, t, _ in parts])
+            tpos = torch.cat([t for _, t, _ in parts])
+            gid = torch.cat([g for _, _, g in parts])
+            src_owner = self.owner[gid]
+            span = int(tpos.max()) + 1
+            keys, pair_of_pick = torch.unique((src_owner * m + tgt_owner) * span + tpos, return_inverse=True)
+            pair_src = keys // (m * span)
+            pair_counts = torch.bincount(pair_src, minlength=m)
+            local_pair = pair_of_pick - (torch.cumsum(pair_counts, 0) - pair_counts)[src_owner]
+            targets, target_of_pair = torch.unique(keys % (m * span), return_inverse=True)
+            routes[trainer] = LayerRoute(pair_counts, target_of_pair,
+                                         torch.bincount(targets // span, minlength=m))
+            u = self.local_index[gid]
+            for c in pair_src.unique().tolist():
+                mine = src_owner == c
+                requests.setdefault(self.names[c], {})[trainer] = {"u": u[mine], "pair": local_pair[mine]}
+        return requests, routes
+
+    def combine(self, routes: dict[str, LayerRoute], replies: dict[str, dict]) -> tuple[dict, dict]:
+        """Eq. (6): add each target's partial sums over owners; return {owner: {trainer: rows}} and counts."""
+        remote: dict[str, dict[str, Tensor]] = {}
+        counts: dict[str, dict[str, Tensor]] = {}
+        for trainer, route in routes.items():
+            owners = [self.names[c] for c in route.pair_counts.nonzero().flatten().tolist()]
+            sums = torch.cat([replies[c]["sums"][trainer] for c in owners])
+            sizes = torch.cat([replies[c]["counts"][trainer] for c in owners])
+            n_targets = int(route.target_counts.sum())
+            total = torch.zeros(n_targets, sums.size(1)).index_add_(0, route.target_of_pair, sums)
+            size = torch.zeros(n_targets, dtype=torch.long).index_add_(0, route.target_of_pair, sizes)
+            for c, rows, cnt in zip(self.names, total.split(route.target_counts.tolist()),
+                                    size.split(route.target_counts.tolist())):
+                if rows.numel():
+                    remote.setdefault(c, {})[trainer] = rows
+                    counts.setdefault(c, {})[trainer] = cnt
+        return remote, counts

@@ -1,0 +1,28 @@
+"""Documented tables equal the committed bench results they cite (fedgl.bench.docs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fedgl.bench import docs
+
+
+def test_every_documented_table_matches_its_committed_result() -> None:
+    assert docs.stale() == []
+
+
+def test_a_changed_number_is_caught(tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    result = tmp_path / "benchmarks" / "results" / "t" / "table.md"
+    result.parent.mkdir(parents=True)
+    result.write_text("# t\n\n| variant | acc |\n|---|---|\n| a | 81.00 |\n")
+    doc = tmp_path / "docs" / "p.md"
+    doc.write_text("text\n<!-- table: benchmarks/results/t/table.md -->\n| variant | acc |\n|---|---|\n"
+                   "| a | 81.00 |\n<!-- /table -->\nmore\n")
+    assert docs.stale(tmp_path) == []
+    result.write_text(result.read_text().replace("81.00", "79.50"))
+    assert docs.stale(tmp_path) == ["p.md: the table citing benchmarks/results/t/table.md differs from it"]
+    assert docs.sync(tmp_path) == [doc]
+    assert "79.50" in doc.read_text() and docs.stale(tmp_path) == []
+    result.unlink()
+    assert docs.stale(tmp_path) == ["p.md: cites benchmarks/results/t/table.md, which is not committed"]
