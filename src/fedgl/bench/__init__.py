@@ -16,6 +16,8 @@ MODULES: dict[str, str] = {
     "glasu": "fedgl.bench.glasu",
     "nfedgnn": "fedgl.bench.nfedgnn",
     "swift": "fedgl.bench.swift",
+    "fedaas": "fedgl.bench.fedaas",
+    "fedaas-table1": "fedgl.bench.fedaas_table1",
 }
 
 
