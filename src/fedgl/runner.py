@@ -164,6 +164,7 @@ class Run:
             "eval_bytes": ledger.total(kind="eval", include_eval=True),
             "sim_time_s": self.transport.clock.now,
             "wall_time_s": wall,
+            "compute_s_by_party": {name: round(sec, 4) for name, sec in self.transport.compute_s.items()},
             "wall_ms_per_round": 1e3 * wall / max(last_round - self.start_round + 1, 1) if rows else None,
             "target_val_accuracy": target,
             "round_at_target": hit["round"] if hit else None,

@@ -30,6 +30,7 @@ class Transport:
         self._classes: dict[str, type[Party]] = {}
         self._evaluating = False
         self._mark = time.perf_counter()
+        self.compute_s: dict[str, float] = {}  # measured compute seconds of each party's training calls
 
     # ---- backend hooks ----------------------------------------------------------------------------
     def _create(self, name: str, cls: type[Party], kwargs: dict[str, Any]) -> None:
@@ -99,6 +100,8 @@ class Transport:
             times[target] = (
                 self._transfer_s(down) + network.compute_s(seconds) + self._transfer_s(up)
             )
+            if not self._evaluating:
+                self.compute_s[target] = self.compute_s.get(target, 0.0) + seconds
         if not self._evaluating:
             self.clock.phase(times)
         self._mark = time.perf_counter()
