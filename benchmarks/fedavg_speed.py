@@ -5,7 +5,7 @@ Adam 0.01, evaluation every round. Reports ms per round, the whole run's wall ti
 memory (the process's maximum resident set, measured in a fresh interpreter), beside centralized
 full-graph GCN epochs and the same FedAvg run with one party per client (``group_size: 1``) timed in
 the same process, so the comparisons are ratios from one run.
-Writes benchmarks/results/fedavg_speed.json.
+Writes benchmarks/results/fedavg_speed.json and the table the README cites, fedavg_speed.md.
 
     FEDGL_DATA_ROOT=../shared/datasets python benchmarks/fedavg_speed.py
 """
@@ -13,6 +13,8 @@ Writes benchmarks/results/fedavg_speed.json.
 from __future__ import annotations
 
 import json
+import os
+import platform
 import resource
 import subprocess
 import sys
@@ -20,6 +22,24 @@ import time
 from pathlib import Path
 
 OUT = Path(__file__).parent / "results" / "fedavg_speed.json"
+TABLE = OUT.with_suffix(".md")
+ROWS = [  # (key, what it measures, format, target)
+    ("ms_per_round", "ms per round", "{:.1f}", "<= 30"),
+    ("run_s", "whole run (setup + 100 rounds), s", "{:.2f}", "< 10"),
+    ("peak_rss_mb", "peak memory (max RSS), MB", "{:.0f}", "< 600"),
+    ("centralized_gcn_epoch_ms", "centralized GCN epoch, same process, ms", "{:.2f}", ""),
+    ("round_over_centralized_epoch", "round / centralized epoch", "{:.1f}", ""),
+    ("one_party_per_client_ms_per_round", "one party per client (`protocol.group_size: 1`), ms per round",
+     "{:.1f}", ""),
+    ("test_accuracy", "test accuracy at the best validation round", "{:.3f}", ""),
+]
+
+
+def markdown(result: dict) -> str:
+    lines = [f"Measured {result['date']} on {result['machine']}, {result['threads']} torch thread.", "",
+             "| measure | value | target |", "|---|---|---|"]
+    lines += [f"| {label} | {fmt.format(result[key])} | {target} |" for key, label, fmt, target in ROWS]
+    return "\n".join(lines) + "\n"
 
 
 def measure() -> dict:
@@ -87,7 +107,11 @@ def main() -> None:
     proc = subprocess.run([sys.executable, __file__, "--child"], capture_output=True, text=True, check=True)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     OUT.parent.mkdir(exist_ok=True)
+    result |= {"date": time.strftime("%Y-%m-%d"),
+               "machine": f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}, Python "
+                          f"{platform.python_version()}"}
     OUT.write_text(json.dumps(result, indent=2) + "\n")
+    TABLE.write_text(markdown(result))
     for key, value in result.items():
         print(f"{key:>30}: {value:.3f}" if isinstance(value, float) else f"{key:>30}: {value}")
     print(f"written to {OUT}")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from . import __version__
 from .errors import FedglError
 
 console = Console()
@@ -116,6 +117,7 @@ def _report(args: argparse.Namespace) -> int:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedgl", description="Federated graph learning with measured communication.")
+    p.add_argument("--version", action="version", version=f"fedgl {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="train one federation from a YAML config (default: a synthetic demo)")
