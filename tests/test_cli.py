@@ -101,7 +101,7 @@ def test_bench_lists_tasks(capsys, argv):
     assert "foundation-cora" in capsys.readouterr().out
 
 
-def test_bench_runs_chosen_variants_and_reuses_finished_runs(capsys, tmp_path):
+def test_bench_runs_chosen_variants_and_reuses_finished_runs(capsys, tmp_path, data_root):
     argv = ["bench", "foundation-cora", "--quick", "--only", "metis", "--out", str(tmp_path),
             "--set", "train.rounds=2"]
     assert main(argv) == 0
@@ -131,3 +131,126 @@ def test_bench_table_says_how_many_runs_a_mean_covers():
     full = partial | {"runs": 3}
     assert "1.5 ± 0 (1 of 3 runs)" in render_markdown(task, [{"variant": "a", "gb_at_target": partial}], 3)
     assert "runs)" not in render_markdown(task, [{"variant": "a", "gb_at_target": full}], 3)
+
+
+# ---- results folders, checkpoints and other inputs an operator gets wrong ---------------------------------
+def test_binary_config_file(capsys, tmp_path):
+    binary = tmp_path / "model.bin"
+    binary.write_bytes(bytes(range(256)) * 4)
+    fails_with(capsys, ["run", str(binary)], "model.bin", "not a text")
+
+
+def test_seed_out_of_range(capsys, tmp_path):
+    fails_with(capsys, ["run", *TINY, "--seed", str(2**63), "--out", str(tmp_path)], "seed")
+
+
+def test_out_is_a_file_or_unwritable(capsys, tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    fails_with(capsys, ["run", *TINY, "--out", str(afile)], "is a file")
+    fails_with(capsys, ["run", *TINY, "--out", "/proc/fedgl-run"], "cannot be written")
+
+
+def test_finished_run_is_not_overwritten(capsys, tmp_path):
+    out = tmp_path / "run"
+    assert main(["run", *TINY, "--out", str(out)]) == 0
+    assert (out / "finished").exists() and json.loads((out / "summary.json").read_text())["finished"] is True
+    fails_with(capsys, ["run", *TINY, "--out", str(out)], "finished run", "--overwrite")
+    assert main(["run", *TINY, "--out", str(out), "--overwrite"]) == 0
+
+
+def test_resume_needs_out_and_a_checkpoint(capsys, tmp_path):
+    fails_with(capsys, ["run", *TINY, "--resume"], "--resume needs --out")
+    fails_with(capsys, ["run", *TINY, "--resume", "--out", str(tmp_path / "empty")], "no checkpoint")
+
+
+def test_default_folders_are_unique(tmp_path):
+    from fedgl.config import build_config
+    from fedgl.runner import default_out_dir
+
+    cfg = build_config({})
+    folders = {default_out_dir(cfg, tmp_path) for _ in range(3)}
+    assert len(folders) == 3 and all(f.is_dir() for f in folders)
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "foreign"])
+def test_damaged_checkpoint_is_one_line(capsys, tmp_path, damage):
+    import torch
+
+    out = tmp_path / "run"
+    assert main(["run", *TINY, "--set", "checkpoint_every=1", "--out", str(out)]) == 0
+    checkpoint = out / "checkpoint.pt"
+    if damage == "garbage":
+        checkpoint.write_bytes(b"\x00not a checkpoint" * 10)
+    elif damage == "truncated":
+        checkpoint.write_bytes(checkpoint.read_bytes()[:200])
+    else:
+        torch.save({"weights": torch.zeros(3)}, checkpoint)
+    fails_with(capsys, ["run", *TINY, "--set", "checkpoint_every=1", "--out", str(out), "--resume"],
+               "cannot resume", "checkpoint")
+
+
+def test_resume_with_another_config_names_the_keys(capsys, tmp_path):
+    out = tmp_path / "run"
+    assert main(["run", *TINY, "--set", "checkpoint_every=1", "--out", str(out)]) == 0
+    fails_with(capsys, ["run", *TINY, "--set", "checkpoint_every=1", "--set", "train.lr=0.05", "--out", str(out),
+                        "--resume", "--set", "train.rounds=4"], "different config", "train.lr")
+    assert main(["run", *TINY, "--set", "checkpoint_every=1", "--set", "train.rounds=5", "--out", str(out),
+                 "--resume"]) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [1, 2, 3, 4, 5]
+
+
+def test_report_on_corrupt_metrics(capsys, tmp_path):
+    out = tmp_path / "run"
+    assert main(["run", *TINY, "--out", str(out)]) == 0
+    (out / "metrics.jsonl").write_text('{"round": 1}\n{"round": 2, "val_acc\n')
+    fails_with(capsys, ["report", str(out)], "metrics.jsonl", "corrupt")
+
+
+def test_unreachable_ray_address_fails_fast(capsys, tmp_path):
+    import time
+
+    start = time.perf_counter()
+    fails_with(capsys, ["run", *TINY, "--backend", "ray", "--set", "backend.address=127.0.0.1:1",
+                        "--set", "backend.connect_timeout_s=5", "--out", str(tmp_path)], "cannot reach Ray")
+    assert time.perf_counter() - start < 10
+
+
+def test_interrupt_checkpoints_the_last_round_and_resumes_exactly(tmp_path):
+    """Ctrl-C during a run stops after the round in progress, checkpoints it, writes an unfinished
+    summary and prints how to resume; the resumed run equals an uninterrupted one."""
+    import os
+    import signal
+
+    from fedgl.config import build_config
+    from fedgl.runner import Run
+
+    cfg = build_config({"dataset": {"options": {"num_nodes": 300}}, "train": {"rounds": 6}})
+    straight = Run(cfg, tmp_path / "a").execute(progress=False).metrics
+    job = Run(cfg, tmp_path / "b")
+    calls = {"n": 0}
+    inner = job.protocol.train_round
+
+    def train_round(r):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+        return inner(r)
+
+    job.protocol.train_round = train_round
+    with pytest.raises(KeyboardInterrupt):
+        job.execute(progress=False)
+    summary = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert summary["finished"] is False and summary["rounds"] == 3
+    assert not (tmp_path / "b" / "finished").exists()
+    resumed = Run(cfg, tmp_path / "b")
+    assert resumed.resume() and resumed.start_round == 4
+    rows = resumed.execute(progress=False).metrics
+    assert [r["round"] for r in rows] == list(range(1, 7))
+    for a, b in zip(straight, rows):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], abs=1e-6) and a["val_accuracy"] == b["val_accuracy"]
+
+
+def test_datasets_check_of_an_unknown_name(capsys):
+    fails_with(capsys, ["datasets", "check", "imagenet"], "imagenet", "cora")

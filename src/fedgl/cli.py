@@ -14,7 +14,7 @@ from pathlib import Path
 from rich.console import Console
 
 from . import __version__
-from .errors import FedglError
+from .errors import ConfigError, FedglError
 
 console = Console()
 
@@ -35,10 +35,24 @@ def _run(args: argparse.Namespace) -> int:
 
     overrides = [f"{key}={value}" for flag, key in _FLAGS.items() if (value := getattr(args, flag)) is not None]
     cfg = load_config(args.config, overrides + list(args.set or []))
+    if args.out:
+        check_out_dir(Path(args.out), resume=args.resume, overwrite=args.overwrite)
+    elif args.resume:
+        raise ConfigError("--resume needs --out: the folder of the run to continue")
     job = Run(cfg, args.out)
-    if args.resume and job.resume():
+    if args.resume:
+        if not job.resume():
+            raise ConfigError(f"cannot resume: {args.out} holds no checkpoint (set checkpoint_every to write them)")
         console.print(f"resuming from round {job.start_round}")
-    result = job.execute(progress=not args.quiet)
+    try:
+        result = job.execute(progress=not args.quiet)
+    except KeyboardInterrupt:
+        if job.completed >= job.start_round:
+            print(f"fedgl: interrupted after round {job.completed}; continue with the same command and "
+                  f"--out {job.out_dir} --resume", file=sys.stderr)
+        else:
+            print("fedgl: interrupted before the first round ended; nothing to resume", file=sys.stderr)
+        return 130
     s = result.summary
     console.print(
         f"[bold]{s['protocol']}[/bold] on {s['dataset']} ({s['backend']}, seed {s['seed']}): "
@@ -51,6 +65,23 @@ def _run(args: argparse.Namespace) -> int:
         console.print(f"target val accuracy {s['target_val_accuracy']}: {reached}")
     console.print(f"results: {result.out_dir}")
     return 0
+
+
+def check_out_dir(out: Path, *, resume: bool, overwrite: bool) -> None:
+    """Refuse a results folder that would silently lose a finished run, or that cannot be one."""
+    from .results import FINISHED
+
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file, not a folder")
+    if (out / FINISHED).exists() and not (resume or overwrite):
+        raise ConfigError(f"--out {out} holds a finished run; pass --overwrite to replace it or choose another folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".fedgl-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise ConfigError(f"--out {out} cannot be written: {err.strerror or err}") from None
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -82,6 +113,9 @@ def _datasets(args: argparse.Namespace) -> int:
     root = resolve_data_root(args.data_root)
     console.print(f"data root: {root}")
     names = args.names or dataset_names()
+    unknown = [n for n in names if n.lower() not in dataset_names()]
+    if unknown:
+        raise ConfigError(f"unknown dataset {', '.join(map(repr, unknown))}; allowed: {', '.join(dataset_names())}")
     table = Table()
     if args.action == "list":
         for column in ("dataset", "status", "source", "folder (under the data root)", "detail"):
@@ -105,7 +139,7 @@ def _datasets(args: argparse.Namespace) -> int:
         table.add_row(name, str(info["nodes"]), str(info["edges"]), str(info["features"]), str(info["classes"]),
                       f"{info['train']}/{info['val']}/{info['test']}", "[green]ok[/green]")
     console.print(table)
-    return 1 if failed and args.names else 0
+    return 2 if failed and args.names else 0  # a named dataset that does not load is bad input
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -132,6 +166,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int)
     r.add_argument("--clients", type=int)
     r.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    r.add_argument("--overwrite", action="store_true", help="replace a finished run in --out")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     r.set_defaults(func=_run)
 

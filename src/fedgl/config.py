@@ -83,6 +83,7 @@ class EvalConfig(Section):
 class BackendConfig(Section):
     name: Literal["local", "ray"] = "local"
     address: str | None = Field(None, description="an existing Ray cluster; default starts a local one")
+    connect_timeout_s: float = Field(30.0, gt=0, description="how long to wait for the Ray cluster at address")
     actors: int | None = Field(None, ge=1, description="Ray actors hosting the clients; default one per core")
 
 
@@ -93,7 +94,7 @@ class NetworkConfig(Section):
 
 
 class RunConfig(Section):
-    seed: int = 0
+    seed: int = Field(0, ge=0, lt=2**32, description="seeds every random draw of the run")
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -103,7 +104,8 @@ class RunConfig(Section):
     backend: BackendConfig = Field(default_factory=BackendConfig)
     network: NetworkConfig = Field(default_factory=NetworkConfig)
     checkpoint_every: int = Field(0, ge=0, description="rounds between checkpoints; 0 = none")
-    threads: int | None = Field(None, ge=1, description="torch threads; small client graphs run best on 1")
+    threads: int | None = Field(1, ge=1, description=(
+        "torch threads per party process; 1 keeps parties from oversubscribing the cores; null = torch's default"))
 
     @field_validator("protocol")
     @classmethod
@@ -140,7 +142,13 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path} is not a text (UTF-8 YAML) file") from None
+    except OSError as err:
+        raise ConfigError(f"cannot read config file {path}: {err.strerror or err}") from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

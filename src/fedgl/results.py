@@ -8,6 +8,8 @@ from typing import Any, Iterable
 
 import matplotlib
 
+from .errors import ConfigError
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
@@ -16,6 +18,7 @@ SUMMARY = "summary.json"
 CONFIG = "config.yaml"
 LEDGER = "ledger.jsonl"
 PLOT = "curves.png"
+FINISHED = "finished"  # written last: the folder holds a complete run (its config hash inside)
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -27,13 +30,25 @@ def write_jsonl(path: Path, rows: Iterable[dict]) -> None:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            raise ConfigError(f"{path} is corrupt: line {number} is not JSON") from None
+    return rows
 
 
 def load_run(folder: str | Path) -> tuple[dict, list[dict]]:
     """The summary and metric rows of a finished run folder."""
     folder = Path(folder)
-    return json.loads((folder / SUMMARY).read_text()), read_jsonl(folder / METRICS)
+    try:
+        summary = json.loads((folder / SUMMARY).read_text(errors="replace"))
+    except json.JSONDecodeError:
+        raise ConfigError(f"{folder / SUMMARY} is corrupt: not JSON") from None
+    return summary, read_jsonl(folder / METRICS)
 
 
 def plot_curves(runs: dict[str, list[dict]], path: Path, title: str = "") -> None:

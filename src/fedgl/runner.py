@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import os
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -16,11 +21,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from .comm import NetworkModel, make_transport
 from .config import RunConfig
 from .data import load_dataset
+from .errors import ConfigError
 from .evaluation import Evaluator
 from .protocols import protocol_class
-from .results import CONFIG, LEDGER, METRICS, PLOT, SUMMARY, plot_curves, write_json, write_jsonl
+from .results import CONFIG, FINISHED, LEDGER, METRICS, PLOT, SUMMARY, plot_curves, write_json, write_jsonl
 
 CHECKPOINT = "checkpoint.pt"
+# Keys a resumed run may change: how long it runs and where, not what it computes.
+RESUMABLE_CHANGES = ("train.rounds", "checkpoint_every", "threads", "backend.name", "backend.address",
+                     "backend.actors")
 
 
 @dataclass
@@ -31,8 +40,72 @@ class RunResult:
 
 
 def default_out_dir(cfg: RunConfig, parent: str | Path = "results") -> Path:
+    """A new folder named for the run; runs started in the same second get a numbered suffix."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path(parent) / f"{cfg.protocol_name}-{cfg.dataset.name.lower()}-seed{cfg.seed}-{stamp}"
+    base = Path(parent) / f"{cfg.protocol_name}-{cfg.dataset.name.lower()}-seed{cfg.seed}-{stamp}"
+    Path(parent).mkdir(parents=True, exist_ok=True)
+    for n in range(1, 10_000):
+        folder = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:
+            continue
+    raise ConfigError(f"cannot find a free results folder next to {base}")
+
+
+class StopAfterRound:
+    """The first Ctrl-C asks the run to stop after the round in progress (a round cut short would
+    leave the parties' states mid-round); a second one interrupts at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous = None
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __enter__(self) -> "StopAfterRound":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+def flat_config(cfg: RunConfig) -> dict[str, Any]:
+    """The resolved config as {dotted key: value}."""
+    def walk(node: Any, prefix: str) -> dict[str, Any]:
+        if isinstance(node, dict):
+            return {k: v for key, child in node.items() for k, v in walk(child, f"{prefix}{key}.").items()}
+        return {prefix[:-1]: node}
+    return walk(cfg.model_dump(mode="json"), "")
+
+
+def config_hash(cfg: RunConfig) -> str:
+    """What the run computes, as a short hash (keys a resume may change are left out)."""
+    kept = {k: v for k, v in flat_config(cfg).items() if k not in RESUMABLE_CHANGES}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def write_atomically(path: Path, save) -> None:
+    """``save(file)`` into a temporary file, flushed to disk, then renamed over ``path``: a crash at any
+    moment leaves the old file or the new one, never a torn one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as fh:
+        save(fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 def load_data(cfg: RunConfig):
@@ -52,17 +125,22 @@ class Run:
         data = data if data is not None else load_data(cfg)
         self.evaluator = Evaluator(data)
         b = cfg.backend
-        options = {"address": b.address, "actors": b.actors} if b.name == "ray" else {}
+        options = ({"address": b.address, "actors": b.actors, "connect_timeout_s": b.connect_timeout_s}
+                   if b.name == "ray" else {})
         self.transport = make_transport(b.name, NetworkModel(**cfg.network.model_dump()), **options)
         self.protocol = protocol_class(cfg.protocol_name)(cfg, self.transport)
         self.protocol.setup(data)
         self.metrics: list[dict[str, Any]] = []
         self.start_round = 1
+        self.completed = 0
         self.wall_offset = 0.0
 
     # ---- checkpoints ------------------------------------------------------------------------------
     def save_checkpoint(self, round_index: int, wall: float) -> None:
-        torch.save({
+        state = {
+            "format": "fedgl-checkpoint-1",
+            "config": flat_config(self.cfg),
+            "config_hash": config_hash(self.cfg),
             "round": round_index,
             "protocol": self.protocol.state_dict(),
             "parties": self.transport.snapshot(),
@@ -71,13 +149,29 @@ class Run:
             "rng": torch.get_rng_state(),
             "metrics": self.metrics,
             "wall": wall,
-        }, self.out_dir / CHECKPOINT)
+        }
+        write_atomically(self.out_dir / CHECKPOINT, lambda fh: torch.save(state, fh))
 
     def resume(self) -> bool:
+        """Continue from the folder's checkpoint, which must come from this config (up to
+        ``RESUMABLE_CHANGES``). Party states are Python objects (models, optimisers), so the file is
+        unpickled: resume only from checkpoints you wrote."""
         path = self.out_dir / CHECKPOINT
         if not path.exists():
             return False
-        state = torch.load(path, weights_only=False)
+        try:
+            state = torch.load(path, weights_only=False)
+        except Exception as err:  # any unreadable file: torn, truncated, foreign
+            raise ConfigError(f"cannot resume: {path} is not a readable fedgl checkpoint "
+                              f"({type(err).__name__})") from None
+        if not isinstance(state, dict) or state.get("format") != "fedgl-checkpoint-1":
+            raise ConfigError(f"cannot resume: {path} is not a fedgl checkpoint")
+        if state["config_hash"] != config_hash(self.cfg):
+            now = flat_config(self.cfg)
+            differing = sorted(k for k in set(now) | set(state["config"])
+                               if k not in RESUMABLE_CHANGES and now.get(k) != state["config"].get(k))
+            raise ConfigError(f"cannot resume: the checkpoint in {self.out_dir} was made with a different config "
+                              f"({', '.join(differing)})")
         self.protocol.load_state_dict(state["protocol"])
         self.transport.restore(state["parties"])
         self.transport.ledger.load_state_dict(state["ledger"])
@@ -106,15 +200,19 @@ class Run:
         return row
 
     def execute(self, progress: bool = True) -> RunResult:
+        """Train the remaining rounds and write the folder. On Ctrl-C the last completed round is
+        checkpointed and a summary marked unfinished is written before the interrupt propagates."""
         cfg = self.cfg
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        (self.out_dir / FINISHED).unlink(missing_ok=True)
         (self.out_dir / CONFIG).write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
         target = cfg.eval.target_val_accuracy
         started = time.perf_counter() - self.wall_offset
+        self.completed = self.start_round - 1
         columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TextColumn("{task.fields[status]}"), TimeElapsedColumn()]
         try:
-            with Progress(*columns, disable=not progress, transient=False) as bar:
+            with Progress(*columns, disable=not progress, transient=False) as bar, StopAfterRound() as stop:
                 task = bar.add_task(f"{cfg.protocol_name} on {cfg.dataset.name}", total=cfg.train.rounds,
                                     completed=self.start_round - 1, status="")
                 for r in range(self.start_round, cfg.train.rounds + 1):
@@ -130,12 +228,24 @@ class Run:
                             break
                     if cfg.checkpoint_every and r % cfg.checkpoint_every == 0:
                         self.save_checkpoint(r, time.perf_counter() - started)
+                    self.completed = r
                     bar.update(task, completed=r)
+                    if stop.requested:
+                        self.interrupted(time.perf_counter() - started)
+                        raise KeyboardInterrupt
         finally:
             self.transport.close()
         summary = self.summarize(time.perf_counter() - started)
         self.write(summary)
+        (self.out_dir / FINISHED).write_text(config_hash(cfg) + "\n")
         return RunResult(self.out_dir, summary, self.metrics)
+
+    def interrupted(self, wall: float) -> None:
+        """Keep what an interrupted run did: a checkpoint of its last completed round and a partial
+        summary marked unfinished."""
+        if self.completed >= self.start_round:
+            self.save_checkpoint(self.completed, wall)
+        self.write(self.summarize(wall) | {"finished": False})
 
     # ---- results ----------------------------------------------------------------------------------
     def summarize(self, wall: float) -> dict[str, Any]:
@@ -173,6 +283,8 @@ class Run:
             "network": cfg.network.model_dump(),
             "partition": getattr(self.protocol, "partition_stats", None) and self.protocol.partition_stats.summary(),
             **self.protocol.summary(),
+            "config_hash": config_hash(cfg),
+            "finished": True,
         }
 
     def write(self, summary: dict[str, Any]) -> None:

@@ -9,6 +9,7 @@ local backend byte for byte.
 from __future__ import annotations
 
 import os
+import socket
 from typing import Any
 
 import torch
@@ -17,6 +18,20 @@ from ..errors import ConfigError
 from .network import NetworkModel
 from .party import Party
 from .transport import Transport
+
+
+def check_reachable(address: str, timeout_s: float) -> None:
+    """Fail in ``timeout_s`` with one line when nothing listens at a ``host:port`` Ray address (Ray
+    itself would wait forever). ``auto`` and addresses without a port are left to Ray."""
+    target = address.split("://", 1)[-1]
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
+    except OSError as err:
+        raise ConfigError(f"cannot reach Ray at {address}: {err.strerror or err} "
+                          f"(waited up to {timeout_s:g} s; backend.connect_timeout_s)") from None
 
 
 class PartyHost:
@@ -43,7 +58,8 @@ class PartyHost:
 class RayTransport(Transport):
     backend = "ray"
 
-    def __init__(self, network: NetworkModel | None = None, *, address: str | None = None, actors: int | None = None):
+    def __init__(self, network: NetworkModel | None = None, *, address: str | None = None, actors: int | None = None,
+                 connect_timeout_s: float = 30.0):
         super().__init__(network)
         try:
             import ray
@@ -53,6 +69,7 @@ class RayTransport(Transport):
         if not ray.is_initialized():
             try:
                 if address:
+                    check_reachable(address, connect_timeout_s)
                     ray.init(address=address, log_to_driver=False)
                 else:
                     ray.init(
