@@ -72,7 +72,8 @@ class RayTransport(Transport):
                     check_reachable(address, connect_timeout_s)
                     ray.init(address=address, log_to_driver=False)
                 else:
-                    ray.init(
+                    ray.init(  # on loopback only; Ray's token authentication stays on unless the user opts out
+                        _node_ip_address="127.0.0.1",
                         num_cpus=os.cpu_count(),
                         include_dashboard=False,
                         log_to_driver=False,
