@@ -14,7 +14,7 @@ from pathlib import Path
 from rich.console import Console
 
 from . import __version__
-from .errors import ConfigError, FedglError
+from .errors import ConfigError, FedglError, RunFailed
 
 console = Console()
 
@@ -204,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     except FedglError as err:
         print(f"fedgl: error: {err}", file=sys.stderr)
         return 2
+    except RunFailed as err:
+        print(f"fedgl: run failed: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("fedgl: interrupted", file=sys.stderr)
         return 130

@@ -85,6 +85,10 @@ class BackendConfig(Section):
     address: str | None = Field(None, description="an existing Ray cluster; default starts a local one")
     connect_timeout_s: float = Field(30.0, gt=0, description="how long to wait for the Ray cluster at address")
     actors: int | None = Field(None, ge=1, description="Ray actors hosting the clients; default one per core")
+    on_client_failure: Literal["stop", "retry", "skip"] = Field("stop", description=(
+        "a lost party: stop (resumable), retry (recreate it and restart from the last checkpoint), or skip "
+        "(continue without it, where the protocol allows)"))
+    max_retries: int = Field(3, ge=0, description="retries of one run under on_client_failure: retry")
 
 
 class NetworkConfig(Section):

@@ -19,3 +19,16 @@ class DataError(FedglError):
 
 class PartitionError(FedglError):
     """A partition cannot be built with the requested settings."""
+
+
+class PartyFailure(Exception):
+    """Parties were lost during a run (their process or node died); the runner applies the
+    ``backend.on_client_failure`` policy."""
+
+    def __init__(self, parties: list[str]):
+        super().__init__(f"lost part{'ies' if len(parties) > 1 else 'y'} {', '.join(parties)}")
+        self.parties = parties
+
+
+class RunFailed(Exception):
+    """A run stopped by a failure during it (not by bad input): one line, exit code 1."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
+import shutil
 import signal
 import threading
 import time
@@ -19,9 +19,11 @@ import yaml
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .comm import NetworkModel, make_transport
+from .comm.ledger import SERVER
 from .config import RunConfig
 from .data import load_dataset
-from .errors import ConfigError
+from .errors import ConfigError, PartyFailure, RunFailed
+from .files import write_atomically
 from .evaluation import Evaluator
 from .protocols import protocol_class
 from .results import CONFIG, FINISHED, LEDGER, METRICS, PLOT, SUMMARY, plot_curves, write_json, write_jsonl
@@ -92,22 +94,6 @@ def config_hash(cfg: RunConfig) -> str:
     return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def write_atomically(path: Path, save) -> None:
-    """``save(file)`` into a temporary file, flushed to disk, then renamed over ``path``: a crash at any
-    moment leaves the old file or the new one, never a torn one."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as fh:
-        save(fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 def load_data(cfg: RunConfig):
     d = cfg.dataset
     return load_dataset(d.name, d.data_root, split=d.split, seed=cfg.seed, **d.options)
@@ -134,16 +120,30 @@ class Run:
         self.start_round = 1
         self.completed = 0
         self.wall_offset = 0.0
+        self.lost: list[dict[str, Any]] = []  # parties dropped under on_client_failure: skip
+        self.retries = 0
+        if b.on_client_failure == "skip" and not self.protocol.can_skip_parties:
+            raise ConfigError(f"backend.on_client_failure: skip: {cfg.protocol_name} cannot continue without a "
+                              f"client; use stop or retry")
+        if b.on_client_failure == "retry" and not cfg.checkpoint_every:
+            raise ConfigError("backend.on_client_failure: retry restarts from the last checkpoint; "
+                              "set checkpoint_every")
 
     # ---- checkpoints ------------------------------------------------------------------------------
     def save_checkpoint(self, round_index: int, wall: float) -> None:
+        """Each party writes its own state into ``parties-<round>/`` where it lives; then the server's
+        state goes to ``checkpoint.pt``, whose atomic rename commits the checkpoint; older party
+        folders are removed after. A kill at any moment leaves one complete checkpoint."""
+        parties = self.out_dir / f"parties-{round_index}"
+        parties.mkdir(exist_ok=True)
+        self.transport.save_parties(parties)
         state = {
-            "format": "fedgl-checkpoint-1",
+            "format": "fedgl-checkpoint-2",
             "config": flat_config(self.cfg),
             "config_hash": config_hash(self.cfg),
             "round": round_index,
             "protocol": self.protocol.state_dict(),
-            "parties": self.transport.snapshot(),
+            "parties": parties.name,
             "ledger": self.transport.ledger.state_dict(),
             "clock": self.transport.clock.now,
             "rng": torch.get_rng_state(),
@@ -151,6 +151,9 @@ class Run:
             "wall": wall,
         }
         write_atomically(self.out_dir / CHECKPOINT, lambda fh: torch.save(state, fh))
+        for old in self.out_dir.glob("parties-*"):
+            if old != parties:
+                shutil.rmtree(old, ignore_errors=True)
 
     def resume(self) -> bool:
         """Continue from the folder's checkpoint, which must come from this config (up to
@@ -164,7 +167,7 @@ class Run:
         except Exception as err:  # any unreadable file: torn, truncated, foreign
             raise ConfigError(f"cannot resume: {path} is not a readable fedgl checkpoint "
                               f"({type(err).__name__})") from None
-        if not isinstance(state, dict) or state.get("format") != "fedgl-checkpoint-1":
+        if not isinstance(state, dict) or state.get("format") != "fedgl-checkpoint-2":
             raise ConfigError(f"cannot resume: {path} is not a fedgl checkpoint")
         if state["config_hash"] != config_hash(self.cfg):
             now = flat_config(self.cfg)
@@ -172,8 +175,12 @@ class Run:
                                if k not in RESUMABLE_CHANGES and now.get(k) != state["config"].get(k))
             raise ConfigError(f"cannot resume: the checkpoint in {self.out_dir} was made with a different config "
                               f"({', '.join(differing)})")
+        try:
+            self.transport.load_parties(self.out_dir / state["parties"])
+        except (OSError, RuntimeError, EOFError) as err:
+            raise ConfigError(f"cannot resume: the party checkpoints in {self.out_dir / state['parties']} are "
+                              f"missing or unreadable ({type(err).__name__})") from None
         self.protocol.load_state_dict(state["protocol"])
-        self.transport.restore(state["parties"])
         self.transport.ledger.load_state_dict(state["ledger"])
         self.transport.clock.now = state["clock"]
         torch.set_rng_state(state["rng"])
@@ -215,10 +222,16 @@ class Run:
             with Progress(*columns, disable=not progress, transient=False) as bar, StopAfterRound() as stop:
                 task = bar.add_task(f"{cfg.protocol_name} on {cfg.dataset.name}", total=cfg.train.rounds,
                                     completed=self.start_round - 1, status="")
-                for r in range(self.start_round, cfg.train.rounds + 1):
+                r = self.start_round
+                while r <= cfg.train.rounds:
                     self.transport.set_round(r)
                     self.transport.idle()
-                    stats = self.protocol.train_round(r)
+                    try:
+                        stats = self.protocol.train_round(r)
+                    except PartyFailure as failure:
+                        r = self.recover(failure, r, time.perf_counter() - started)
+                        bar.update(task, completed=r - 1)
+                        continue
                     if r % cfg.eval.every == 0 or r == cfg.train.rounds:
                         row = self.evaluate(r, stats, time.perf_counter() - started)
                         bar.update(task, status=f"val {row['val_accuracy']:.3f}  test {row['test_accuracy']:.3f}  "
@@ -233,12 +246,37 @@ class Run:
                     if stop.requested:
                         self.interrupted(time.perf_counter() - started)
                         raise KeyboardInterrupt
+                    r += 1
         finally:
             self.transport.close()
         summary = self.summarize(time.perf_counter() - started)
         self.write(summary)
         (self.out_dir / FINISHED).write_text(config_hash(cfg) + "\n")
         return RunResult(self.out_dir, summary, self.metrics)
+
+    def recover(self, failure: PartyFailure, r: int, wall: float) -> int:
+        """Apply ``backend.on_client_failure`` to parties lost during round ``r``; returns the round
+        to run next. ``skip``: the protocol continues without them and round ``r`` is run again;
+        ``retry``: the lost parties are recreated and the whole federation restarts from the last
+        checkpoint (so the run equals an uninterrupted one); ``stop``: a partial summary, then one
+        line saying how to resume."""
+        policy = self.cfg.backend.on_client_failure
+        checkpoint = self.out_dir / CHECKPOINT
+        if policy == "skip":
+            self.protocol.drop_parties(failure.parties)
+            for party in failure.parties:
+                self.lost.append({"party": party, "round": r})
+                self.transport.ledger.record(party, SERVER, "control", 0, messages=0, method="lost")
+            return r
+        if policy == "retry" and self.retries < self.cfg.backend.max_retries and checkpoint.exists():
+            self.retries += 1
+            self.transport.revive(failure.parties)
+            self.resume()
+            return self.start_round
+        self.write(self.summarize(wall) | {"finished": False})
+        how = (f"continue with the same command and --out {self.out_dir} --resume" if checkpoint.exists()
+               else "no checkpoint was written (set checkpoint_every to make runs resumable)")
+        raise RunFailed(f"{failure} during round {r}; {how}")
 
     def interrupted(self, wall: float) -> None:
         """Keep what an interrupted run did: a checkpoint of its last completed round and a partial
@@ -283,6 +321,8 @@ class Run:
             "network": cfg.network.model_dump(),
             "partition": getattr(self.protocol, "partition_stats", None) and self.protocol.partition_stats.summary(),
             **self.protocol.summary(),
+            "lost_parties": self.lost,
+            "retries": self.retries,
             "config_hash": config_hash(cfg),
             "finished": True,
         }

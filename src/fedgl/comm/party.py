@@ -9,10 +9,12 @@ which order parties are called: this is what makes the local and Ray backends ag
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..files import write_atomically
 from .rpc import spec_of
 
 
@@ -39,6 +41,13 @@ class Party:
 
     def set_state(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+
+    def save(self, path: str | Path) -> None:
+        """Write the party's own checkpoint where it lives; its state never travels."""
+        write_atomically(Path(path), lambda fh: torch.save(self.get_state(), fh))
+
+    def load(self, path: str | Path) -> None:
+        self.set_state(torch.load(path, weights_only=False))
 
     def dispatch(self, method: str, kwargs: dict[str, Any]) -> tuple[Any, float]:
         """Run an ``@rpc`` method under this party's RNG state; return its result and compute seconds."""

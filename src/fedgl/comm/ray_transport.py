@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any
+from pathlib import Path
+from typing import Any, Sequence
 
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, PartyFailure
 from .network import NetworkModel
 from .party import Party
 from .transport import Transport
@@ -50,6 +51,14 @@ class PartyHost:
     def restore(self, states: dict[str, dict[str, Any]]) -> None:
         for name, state in states.items():
             self.parties[name].set_state(state)
+
+    def save(self, folder: str) -> None:
+        for name, party in self.parties.items():
+            party.save(Path(folder) / f"{name}.pt")
+
+    def load(self, folder: str) -> None:
+        for name, party in self.parties.items():
+            party.load(Path(folder) / f"{name}.pt")
 
     def run(self, calls: list[tuple[str, str, dict[str, Any]]]) -> list[tuple[Any, float]]:
         return [self.parties[name].dispatch(method, kwargs) for name, method, kwargs in calls]
@@ -89,24 +98,59 @@ class RayTransport(Transport):
         self._host_cls = ray.remote(num_cpus=0)(PartyHost)
         self._hosts: list[Any] = []
         self._placement: dict[str, int] = {}
+        self._specs: dict[str, tuple[type[Party], dict[str, Any]]] = {}  # how each party was spawned
+        self._dead: set[int] = set()  # hosts whose actor died (until revived)
 
     def _create(self, name: str, cls: type[Party], kwargs: dict[str, Any]) -> None:
         index = len(self._placement) % self._max_actors
         if index == len(self._hosts):
-            self._hosts.append(self._host_cls.remote(torch.get_num_threads()))
+            self._hosts.append(self._new_host())
         self._placement[name] = index
+        self._specs[name] = (cls, kwargs)
         self._ray.get(self._hosts[index].add.remote(name, cls, kwargs))
+
+    def _new_host(self) -> Any:
+        return self._host_cls.remote(torch.get_num_threads())
+
+    def _gather(self, futures: dict[int, Any]) -> dict[int, Any]:
+        """Each host's result; a host whose actor died raises ``PartyFailure`` naming its parties."""
+        results, lost = {}, []
+        for h, future in futures.items():
+            try:
+                results[h] = self._ray.get(future)
+            except self._ray.exceptions.RayActorError:
+                lost.append(h)
+        if lost:
+            self._dead.update(lost)
+            raise PartyFailure([name for name, h in self._placement.items() if h in lost])
+        return results
 
     def _execute(self, calls: list[tuple[str, str, dict[str, Any]]]) -> list[tuple[Any, float]]:
         by_host: dict[int, list[int]] = {}
         for i, (name, _, _) in enumerate(calls):
             by_host.setdefault(self._placement[name], []).append(i)
-        futures = {h: self._hosts[h].run.remote([calls[i] for i in idx]) for h, idx in by_host.items()}
+        results = self._gather({h: self._hosts[h].run.remote([calls[i] for i in idx]) for h, idx in by_host.items()})
         out: list[tuple[Any, float]] = [None] * len(calls)  # type: ignore[list-item]
-        for h, results in zip(futures, self._ray.get(list(futures.values()))):
-            for i, result in zip(by_host[h], results):
+        for h, host_results in results.items():
+            for i, result in zip(by_host[h], host_results):
                 out[i] = result
         return out
+
+    def _live(self) -> dict[int, Any]:
+        return {h: host for h, host in enumerate(self._hosts) if h not in self._dead}
+
+    def save_parties(self, folder: Path) -> None:
+        self._gather({h: host.save.remote(str(folder)) for h, host in self._live().items()})
+
+    def load_parties(self, folder: Path) -> None:
+        self._gather({h: host.load.remote(str(folder)) for h, host in self._live().items()})
+
+    def revive(self, parties: Sequence[str]) -> None:
+        for h in sorted({self._placement[name] for name in parties}):
+            self._hosts[h] = self._new_host()
+            self._dead.discard(h)
+            mine = [name for name, host in self._placement.items() if host == h]
+            self._ray.get([self._hosts[h].add.remote(name, *self._specs[name]) for name in mine])
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         states: dict[str, dict[str, Any]] = {}

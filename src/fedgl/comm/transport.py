@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -45,6 +46,18 @@ class Transport:
         raise NotImplementedError
 
     def restore(self, states: dict[str, dict[str, Any]]) -> None:
+        raise NotImplementedError
+
+    def save_parties(self, folder: Path) -> None:
+        """Every party writes its own checkpoint to ``folder/<name>.pt`` where it lives."""
+        raise NotImplementedError
+
+    def load_parties(self, folder: Path) -> None:
+        """Every party reloads its own checkpoint from ``folder``."""
+        raise NotImplementedError
+
+    def revive(self, parties: Sequence[str]) -> None:
+        """Recreate lost parties as they were spawned (their state is then loaded from a checkpoint)."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -182,6 +195,14 @@ class LocalTransport(Transport):
     def restore(self, states: dict[str, dict[str, Any]]) -> None:
         for name, state in states.items():
             self._parties[name].set_state(state)
+
+    def save_parties(self, folder: Path) -> None:
+        for name, party in self._parties.items():
+            party.save(Path(folder) / f"{name}.pt")
+
+    def load_parties(self, folder: Path) -> None:
+        for name, party in self._parties.items():
+            party.load(Path(folder) / f"{name}.pt")
 
     def _execute(self, calls: list[tuple[str, str, dict[str, Any]]]) -> list[tuple[Any, float]]:
         from .payload import copy

@@ -29,6 +29,7 @@ class Protocol:
     name: ClassVar[str]
     scenario: ClassVar[str]  # central | horizontal | vertical | node-level
     Options: ClassVar[type[ProtocolOptions]] = ProtocolOptions
+    can_skip_parties: ClassVar[bool] = False  # whether training can go on without a lost client
 
     def __init__(self, cfg: RunConfig, transport: Transport):
         self.cfg = cfg
@@ -46,6 +47,10 @@ class Protocol:
 
     def predict(self, evaluator: Evaluator) -> torch.Tensor:
         """Logits for every node of the graph, for scoring (runs inside ``transport.evaluation()``)."""
+        raise NotImplementedError
+
+    def drop_parties(self, names: list[str]) -> None:
+        """Continue without the lost parties ``names`` (``backend.on_client_failure: skip``)."""
         raise NotImplementedError
 
     def summary(self) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from torch_geometric.data import Data
 from .fedavg_group import ClientGroupTrainer, flat_state, groupable, state_from_row
 from ..comm import Party, Rows, rpc
 from ..config import ModelConfig, TrainConfig
-from ..errors import ConfigError
+from ..errors import ConfigError, RunFailed
 from ..evaluation import Evaluator
 from ..partition import horizontal_from_config
 from ..optim import make_model
@@ -98,6 +98,7 @@ class FedAvg(Protocol):
     name = "fedavg"
     scenario = "horizontal"
     Options = FedAvgOptions
+    can_skip_parties = True  # averaging goes on over the clients that remain
 
     def setup(self, data: Data) -> None:
         self.partition_stats = (part := horizontal_from_config(data, self.cfg.partition, self.cfg.seed)).stats
@@ -109,6 +110,7 @@ class FedAvg(Protocol):
                  local_epochs=self.opts.local_epochs, batch_size=self.opts.batch_size)
             for m, shard in enumerate(part.shards)
         ]
+        self.alive = torch.ones(self.num_clients, dtype=torch.bool)
         self.size = size = self.group_size()  # clients per party: client m is member m % size of party m // size
         if size == 1:
             self.clients = self.transport.spawn(FedAvgClient, clients)
@@ -135,11 +137,20 @@ class FedAvg(Protocol):
         return max(1, round(self.opts.client_fraction * self.num_clients))
 
     def sample_clients(self) -> torch.Tensor:
-        """Ids of the clients training this round, ascending (drawn with the server's generator)."""
-        k = self.sample_size()
-        if k == self.num_clients:
-            return torch.arange(k)
-        return torch.randperm(self.num_clients, generator=self.generator)[:k].sort().values
+        """Ids of the clients training this round, ascending (drawn with the server's generator from
+        the clients not lost)."""
+        alive = self.alive.nonzero().flatten()
+        k = min(self.sample_size(), alive.numel())
+        if k == alive.numel():
+            return alive
+        return alive[torch.randperm(alive.numel(), generator=self.generator)[:k]].sort().values
+
+    def drop_parties(self, names: list[str]) -> None:
+        for name in names:
+            party = self.clients.index(name)
+            self.alive[party * self.size : (party + 1) * self.size] = False
+        if not self.alive.any():
+            raise RunFailed("fedavg lost every client")
 
     def train_round(self, round_index: int) -> dict[str, float]:
         chosen = self.sample_clients()
@@ -180,8 +191,9 @@ class FedAvg(Protocol):
         return evaluator.full_graph_logits(self.model, self.cfg.model.name)
 
     def state_dict(self) -> dict:
-        return super().state_dict() | {"model": self.model.state_dict()}
+        return super().state_dict() | {"model": self.model.state_dict(), "alive": self.alive.clone()}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.model.load_state_dict(state["model"])
+        self.alive = state["alive"].clone()
