@@ -10,3 +10,6 @@ _warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta
 
 # The protocol registry (names only; each protocol module loads on first use) validates configs.
 from fedgl import protocols as _protocols  # noqa: E402,F401
+from fedgl.api import load_config, run  # noqa: E402
+
+__all__ = ["__version__", "load_config", "run"]

@@ -26,7 +26,7 @@ from .errors import ConfigError, PartyFailure, RunFailed
 from .files import write_atomically
 from .evaluation import Evaluator
 from .protocols import protocol_class
-from .results import CONFIG, FINISHED, LEDGER, METRICS, PLOT, SUMMARY, plot_curves, write_json, write_jsonl
+from .results import CONFIG, FINISHED, LEDGER, METRICS, PLOT, SUMMARY, plot_curves, read_jsonl, write_json, write_jsonl
 
 CHECKPOINT = "checkpoint.pt"
 # Keys a resumed run may change: how long it runs and where, not what it computes.
@@ -36,9 +36,26 @@ RESUMABLE_CHANGES = ("train.rounds", "checkpoint_every", "threads", "backend.nam
 
 @dataclass
 class RunResult:
+    """What a finished run left: its folder, ``summary.json`` as a dict and its metric rows."""
+
     out_dir: Path
     summary: dict[str, Any]
     metrics: list[dict[str, Any]]
+
+    @property
+    def config_path(self) -> Path:
+        """The resolved config; ``fedgl.run(result.config_path)`` repeats the run."""
+        return self.out_dir / CONFIG
+
+    def ledger(self) -> list[dict[str, Any]]:
+        """The ledger rows: bytes and messages per (round, sender, receiver, kind, method)."""
+        return read_jsonl(self.out_dir / LEDGER)
+
+    def metrics_frame(self):
+        """The metric rows as a pandas DataFrame (pandas must be installed)."""
+        import pandas
+
+        return pandas.DataFrame(self.metrics)
 
 
 def default_out_dir(cfg: RunConfig, parent: str | Path = "results") -> Path:
