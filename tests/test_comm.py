@@ -30,6 +30,14 @@ class Echo(Party):
     def rows(self, users):
         return torch.ones(len(users), 3, dtype=torch.float64)
 
+    @rpc(returns="control")
+    def wait(self, seconds):
+        """Elapsed time without CPU work: what a party sees when others share its cores."""
+        import time
+
+        time.sleep(seconds)
+        return 0
+
     def private(self):
         return self.weight
 
@@ -129,6 +137,17 @@ def test_clock_charges_latency_and_bandwidth_of_the_slowest_party():
         t.call(names[0], "train", state=torch.zeros(5), steps=1)
         t.call(names[1], "train", state=torch.zeros(5), steps=1)
     assert t.clock.now == pytest.approx(2 * expected)  # side by side, not one after the other
+
+
+@pytest.mark.parametrize("compute, charged", [("cpu", False), ("measured", True), ("ignore", False)])
+def test_compute_on_the_clock_is_cpu_time_by_default(compute, charged):
+    """Time a party spends waiting for a core (here: sleeping) is not compute: the default clock
+    charges CPU seconds, so a loaded machine does not stretch simulated time."""
+    t = LocalTransport(NetworkModel(compute=compute, latency_ms=0.0))
+    names = spawn(t, n=1)
+    t.call(names[0], "wait", seconds=0.2)
+    assert (t.clock.now >= 0.2) is charged, t.clock.now
+    assert t.compute_s[names[0]] < 0.05  # per-party compute is CPU seconds too
 
 
 def test_unknown_backend_is_a_config_error():

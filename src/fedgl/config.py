@@ -94,7 +94,8 @@ class BackendConfig(Section):
 class NetworkConfig(Section):
     bandwidth_mbps: float = Field(1000.0, gt=0)
     latency_ms: float = Field(1.0, ge=0)
-    compute: Literal["measured", "ignore"] = "measured"
+    compute: Literal["cpu", "measured", "ignore"] = Field("cpu", description=(
+        "compute on the simulated clock: CPU seconds (load-independent), measured elapsed seconds, or none"))
 
 
 class RunConfig(Section):

@@ -2,8 +2,10 @@
 
 Wall-clock time on a shared 2-core machine says little about a deployment with one machine per
 party, so runtimes are reported on a simulated clock: a message costs ``latency + bytes / bandwidth``;
-parties called together run in parallel and a phase ends when its slowest party ends; compute time
-is the party's measured time (or zero with ``compute="ignore"``, which makes the clock deterministic).
+parties called together run in parallel and a phase ends when its slowest party ends. Compute time
+is, by default, the CPU seconds the party's process spent on the call (``compute="cpu"``): unlike
+elapsed time it does not grow when other work shares the cores. ``"measured"`` uses elapsed time and
+``"ignore"`` zero, which makes the clock a deterministic function of bytes and messages.
 """
 
 from __future__ import annotations
@@ -15,15 +17,16 @@ from dataclasses import dataclass, field
 class NetworkModel:
     bandwidth_mbps: float = 1000.0  # 1 Gbps links, each party its own
     latency_ms: float = 1.0
-    compute: str = "measured"  # or "ignore"
+    compute: str = "cpu"  # or "measured" (elapsed seconds) or "ignore"
 
     def transfer_s(self, nbytes: int) -> float:
         if nbytes == 0:
             return 0.0
         return self.latency_ms / 1e3 + nbytes * 8 / (self.bandwidth_mbps * 1e6)
 
-    def compute_s(self, seconds: float) -> float:
-        return seconds if self.compute == "measured" else 0.0
+    def compute_s(self, wall: float, cpu: float) -> float:
+        """Simulated seconds of a computation that took ``wall`` elapsed and ``cpu`` CPU seconds."""
+        return {"cpu": cpu, "measured": wall}.get(self.compute, 0.0)
 
 
 @dataclass

@@ -49,16 +49,17 @@ class Party:
     def load(self, path: str | Path) -> None:
         self.set_state(torch.load(path, weights_only=False))
 
-    def dispatch(self, method: str, kwargs: dict[str, Any]) -> tuple[Any, float]:
-        """Run an ``@rpc`` method under this party's RNG state; return its result and compute seconds."""
+    def dispatch(self, method: str, kwargs: dict[str, Any]) -> tuple[Any, tuple[float, float]]:
+        """Run an ``@rpc`` method under this party's RNG state; return its result and its (elapsed,
+        CPU) seconds."""
         spec_of(type(self), method)
         outer = torch.get_rng_state()
         torch.set_rng_state(self._rng_state)
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         try:
             result = getattr(self, method)(**kwargs)
         finally:
-            elapsed = time.perf_counter() - start
+            seconds = (time.perf_counter() - start, time.process_time() - start_cpu)
             self._rng_state = torch.get_rng_state()
             torch.set_rng_state(outer)
-        return result, elapsed
+        return result, seconds

@@ -60,7 +60,7 @@ class PartyHost:
         for name, party in self.parties.items():
             party.load(Path(folder) / f"{name}.pt")
 
-    def run(self, calls: list[tuple[str, str, dict[str, Any]]]) -> list[tuple[Any, float]]:
+    def run(self, calls: list[tuple[str, str, dict[str, Any]]]) -> list[tuple[Any, tuple[float, float]]]:
         return [self.parties[name].dispatch(method, kwargs) for name, method, kwargs in calls]
 
 
@@ -75,10 +75,11 @@ class RayTransport(Transport):
         except ImportError as exc:  # pragma: no cover - ray is a dependency
             raise ConfigError("backend 'ray' needs the ray package: pip install 'ray[default]'") from exc
         self._ray = ray
+        if address:
+            check_reachable(address, connect_timeout_s)
         if not ray.is_initialized():
             try:
                 if address:
-                    check_reachable(address, connect_timeout_s)
                     ray.init(address=address, log_to_driver=False)
                 else:
                     ray.init(  # on loopback only; Ray's token authentication stays on unless the user opts out
@@ -125,12 +126,12 @@ class RayTransport(Transport):
             raise PartyFailure([name for name, h in self._placement.items() if h in lost])
         return results
 
-    def _execute(self, calls: list[tuple[str, str, dict[str, Any]]]) -> list[tuple[Any, float]]:
+    def _execute(self, calls: list[tuple[str, str, dict[str, Any]]]) -> list[tuple[Any, tuple[float, float]]]:
         by_host: dict[int, list[int]] = {}
         for i, (name, _, _) in enumerate(calls):
             by_host.setdefault(self._placement[name], []).append(i)
         results = self._gather({h: self._hosts[h].run.remote([calls[i] for i in idx]) for h, idx in by_host.items()})
-        out: list[tuple[Any, float]] = [None] * len(calls)  # type: ignore[list-item]
+        out: list[tuple[Any, tuple[float, float]]] = [None] * len(calls)  # type: ignore[list-item]
         for h, host_results in results.items():
             for i, result in zip(by_host[h], host_results):
                 out[i] = result

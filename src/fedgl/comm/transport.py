@@ -30,15 +30,16 @@ class Transport:
         self.clock = SimClock(network or NetworkModel())
         self._classes: dict[str, type[Party]] = {}
         self._evaluating = False
-        self._mark = time.perf_counter()
-        self.compute_s: dict[str, float] = {}  # measured compute seconds of each party's training calls
+        self._mark = time.perf_counter(), time.process_time()
+        self.compute_s: dict[str, float] = {}  # CPU seconds of each party's training calls
 
     # ---- backend hooks ----------------------------------------------------------------------------
     def _create(self, name: str, cls: type[Party], kwargs: dict[str, Any]) -> None:
         raise NotImplementedError
 
-    def _execute(self, calls: list[tuple[str, str, dict[str, Any]]]) -> list[tuple[Any, float]]:
-        """Run ``(party, method, kwargs)`` calls, concurrently where the backend can."""
+    def _execute(self, calls: list[tuple[str, str, dict[str, Any]]]) -> list[tuple[Any, tuple[float, float]]]:
+        """Run ``(party, method, kwargs)`` calls, concurrently where the backend can; each result comes
+        with the call's (elapsed, CPU) seconds."""
         raise NotImplementedError
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
@@ -111,13 +112,13 @@ class Transport:
             up = measure_result(spec_of(self._classes[target], method), result)
             self._record(target, SERVER, up, kwargs, method)
             times[target] = (
-                self._transfer_s(down) + network.compute_s(seconds) + self._transfer_s(up)
+                self._transfer_s(down) + network.compute_s(*seconds) + self._transfer_s(up)
             )
             if not self._evaluating:
-                self.compute_s[target] = self.compute_s.get(target, 0.0) + seconds
+                self.compute_s[target] = self.compute_s.get(target, 0.0) + seconds[1]
         if not self._evaluating:
             self.clock.phase(times)
-        self._mark = time.perf_counter()
+        self.idle()
         return [result for result, _ in outcomes]
 
     def _transfer_s(self, m: Measured) -> float:
@@ -143,9 +144,9 @@ class Transport:
 
     def _charge_server(self) -> None:
         """Server compute since the last call counts on the clock (not while evaluating)."""
-        elapsed = time.perf_counter() - self._mark
+        wall, cpu = time.perf_counter() - self._mark[0], time.process_time() - self._mark[1]
         if not self._evaluating:
-            self.clock.phase({SERVER: self.clock.network.compute_s(elapsed)})
+            self.clock.phase({SERVER: self.clock.network.compute_s(wall, cpu)})
 
     # ---- scopes -----------------------------------------------------------------------------------
     @contextmanager
@@ -167,11 +168,11 @@ class Transport:
         finally:
             self._charge_server()
             self.clock.close_lanes()
-            self._mark = time.perf_counter()
+            self.idle()
 
     def idle(self) -> None:
         """Forget server time since the last call (evaluation, logging, checkpointing)."""
-        self._mark = time.perf_counter()
+        self._mark = time.perf_counter(), time.process_time()
 
     def set_round(self, r: int) -> None:
         self.ledger.round = r
@@ -204,7 +205,7 @@ class LocalTransport(Transport):
         for name, party in self._parties.items():
             party.load(Path(folder) / f"{name}.pt")
 
-    def _execute(self, calls: list[tuple[str, str, dict[str, Any]]]) -> list[tuple[Any, float]]:
+    def _execute(self, calls: list[tuple[str, str, dict[str, Any]]]) -> list[tuple[Any, tuple[float, float]]]:
         from .payload import copy
 
         out = []

@@ -11,6 +11,7 @@ from fedgl.partition.shards import (
     HorizontalShard,
     NodeLevelPartition,
     PartitionStats,
+    ServerShard,
     VerticalPartition,
     VerticalShard,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "HorizontalShard",
     "NodeLevelPartition",
     "PartitionStats",
+    "ServerShard",
     "VerticalPartition",
     "VerticalShard",
     "horizontal_from_config",
