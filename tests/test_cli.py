@@ -254,3 +254,17 @@ def test_interrupt_checkpoints_the_last_round_and_resumes_exactly(tmp_path):
 
 def test_datasets_check_of_an_unknown_name(capsys):
     fails_with(capsys, ["datasets", "check", "imagenet"], "imagenet", "cora")
+
+
+def test_bench_does_not_reuse_an_unfinished_run(tmp_path):
+    from fedgl.bench.core import finished_summary
+    from fedgl.config import build_config
+    from fedgl.runner import Run
+
+    cfg = build_config({"dataset": {"options": {"num_nodes": 300}}, "train": {"rounds": 2}})
+    Run(cfg, tmp_path).execute(progress=False)
+    assert finished_summary(tmp_path, cfg)["rounds"] == 2
+    (tmp_path / "finished").unlink()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    (tmp_path / "summary.json").write_text(json.dumps(summary | {"finished": False}))
+    assert finished_summary(tmp_path, cfg) is None

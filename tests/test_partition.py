@@ -21,7 +21,7 @@ from fedgl.partition import (
     partition_vertical,
 )
 
-METHODS = ["metis", "louvain", "dirichlet", "random"]
+METHODS = ["metis", "louvain", "dirichlet", "random", "stratified"]
 
 
 @pytest.fixture(scope="module")
@@ -75,12 +75,17 @@ def _is_symmetric(edge_index: torch.Tensor, num_nodes: int) -> bool:
     return torch.equal(_keys(edge_index, num_nodes), _keys(edge_index.flip(0), num_nodes))
 
 
-def _check_horizontal(data: Data, part: HorizontalPartition, num_clients: int) -> None:
-    """Disjoint cover, consistent routing table, and every edge accounted for exactly once."""
+def _check_horizontal(data: Data, part: HorizontalPartition, num_clients: int, members: torch.Tensor | None = None
+                      ) -> None:
+    """Disjoint cover of the client nodes (``members``, default all), a routing table with -1 exactly
+    for the other nodes, and every edge among client nodes accounted for exactly once."""
     n = data.num_nodes
+    members = torch.ones(n, dtype=torch.bool) if members is None else members
     assert part.num_clients == num_clients and part.num_nodes == n
     all_nodes = torch.cat([shard.nodes for shard in part.shards])
-    assert torch.equal(torch.sort(all_nodes).values, torch.arange(n))
+    assert torch.equal(torch.sort(all_nodes).values, members.nonzero().flatten())
+    assert torch.equal(part.owner >= 0, members) and torch.equal(part.local_index >= 0, members)
+    assert bool((part.owner[~members] == -1).all()) and bool((part.local_index[~members] == -1).all())
     recovered = []
     for m, shard in enumerate(part.shards):
         assert shard.client == m and shard.num_nodes > 0
@@ -96,16 +101,18 @@ def _check_horizontal(data: Data, part: HorizontalPartition, num_clients: int) -
         own, remote = shard.nodes[shard.cross_edges[0]], shard.cross_edges[1]
         assert bool((part.owner[remote] != m).all())
         recovered.append(torch.stack([remote, own]))
+    among = data.edge_index[:, members[data.edge_index[0]] & members[data.edge_index[1]]]
     intra_total = sum(int(s.edge_index.size(1)) for s in part.shards)
     cross_total = sum(int(s.cross_edges.size(1)) for s in part.shards)
-    assert intra_total + cross_total == data.num_edges
-    assert torch.equal(_keys(torch.cat(recovered, dim=1), n), _keys(data.edge_index, n))
+    assert intra_total + cross_total == among.size(1)
+    assert torch.equal(_keys(torch.cat(recovered, dim=1), n), _keys(among, n))
     stats = part.stats
     assert stats.nodes == [s.num_nodes for s in part.shards]
     assert stats.intra_edges == [int(s.edge_index.size(1)) for s in part.shards]
     assert stats.cross_edges == [int(s.cross_edges.size(1)) for s in part.shards]
-    assert int(stats.label_counts.sum()) == n
-    assert sum(stats.train) == int(data.train_mask.sum())
+    assert int(stats.label_counts.sum()) == int(members.sum())
+    assert sum(stats.train) == int((data.train_mask & members).sum())
+    assert stats.held_out == int((~members).sum())
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -150,7 +157,7 @@ def test_horizontal_is_seeded(cora: Data, method: str) -> None:
     assert torch.equal(first.owner, again.owner)
     for a, b in zip(first.shards, again.shards):
         assert torch.equal(a.edge_index, b.edge_index) and torch.equal(a.cross_edges, b.cross_edges)
-    if method in ("dirichlet", "random"):
+    if method in ("dirichlet", "random", "stratified"):
         assert not torch.equal(first.owner, partition_horizontal(cora, 10, method, seed=8).owner)
 
 
@@ -288,6 +295,15 @@ def test_stats_rows_and_summary_are_json_ready() -> None:
     assert summary["cross_edge_fraction"] == summary["cross_edges"] / data.num_edges
 
 
+def _masked(data: Data, train: int, val: int = 0) -> Data:
+    """``data`` with the first ``train`` nodes for training, the next ``val`` for validation."""
+    index = torch.arange(data.num_nodes)
+    masked = data.clone()
+    masked.train_mask, masked.val_mask = index < train, (index >= train) & (index < train + val)
+    masked.test_mask = index >= train + val
+    return masked
+
+
 def _path(n: int) -> Data:
     forward = torch.stack([torch.arange(n - 1), torch.arange(1, n)])
     return _graph(torch.cat([forward, forward.flip(0)], dim=1), n)
@@ -305,7 +321,15 @@ def _path(n: int) -> Data:
         (lambda d: partition_horizontal(d, 2, edge_drop=1.0), "edge_drop must be in [0, 1), got 1.0"),
         (lambda d: partition_horizontal(d, 2, edge_drop=-0.1), "edge_drop must be in [0, 1), got -0.1"),
         (lambda d: partition_horizontal(d, 2, "dirichlet", alpha=0.0), "alpha must be > 0, got 0.0"),
-        (lambda d: partition_horizontal(d, 2, "spectral"), "allowed: metis, louvain, dirichlet, random"),
+        (lambda d: partition_horizontal(d, 2, "spectral"), "allowed: metis, louvain, dirichlet, random, stratified"),
+        (lambda d: partition_horizontal(d, 2, cross_edge_drop=1.0), "cross_edge_drop must be in [0, 1), got 1.0"),
+        (lambda d: partition_horizontal(d, 2, client_nodes="test"), "unknown client_nodes 'test'; allowed: all, train"),
+        (lambda d: partition_horizontal(_masked(d, train=0), 2, client_nodes="train"),
+         "client_nodes='train' selects no node: the data has no training nodes"),
+        (lambda d: partition_horizontal(_masked(d, train=5), 6, "stratified", client_nodes="train"),
+         "num_clients=6 is more than the 5 training nodes"),
+        (lambda d: partition_horizontal(_masked(d, train=5, val=3), 9, client_nodes="train+val"),
+         "num_clients=9 is more than the 8 training and validation nodes"),
         (lambda d: partition_vertical(d, 2, blocks="diagonal"), "allowed: contiguous, random"),
         (lambda d: partition_vertical(d, 3, label_holder=3), "a client index in [0, 2], got 3"),
         (lambda d: partition_horizontal(d, 20, "metis"), "METIS returned"),
@@ -318,3 +342,136 @@ def test_errors_are_one_line_and_informative(build, message: str) -> None:
         build(_path(30))
     text = str(info.value)
     assert message in text and "\n" not in text
+
+
+# ---- FedAAS's setting: clients own training nodes only, stratified shards, the server shard -------------
+CLIENT_NODES = {"train": lambda d: d.train_mask, "train+val": lambda d: d.train_mask | d.val_mask}
+
+
+def _intra_and_cross(part: HorizontalPartition) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every client's kept intra entries and cross entries (remote -> own), in global ids."""
+    intra = torch.cat([s.nodes[s.edge_index] for s in part.shards], dim=1)
+    cross = torch.cat([torch.stack([s.cross_edges[1], s.nodes[s.cross_edges[0]]]) for s in part.shards], dim=1)
+    return intra, cross
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("client_nodes", ["train", "train+val"])
+def test_clients_own_exactly_the_client_nodes(method: str, client_nodes: str) -> None:
+    data = _sbm(seed=1)
+    members = CLIENT_NODES[client_nodes](data)
+    part = partition_horizontal(data, 4, method, seed=2, client_nodes=client_nodes)
+    _check_horizontal(data, part, 4, members)
+    assert not any(bool(shard.test_mask.any()) for shard in part.shards)
+    assert sum(part.stats.test) == 0
+    assert sum(part.stats.val) == (int(data.val_mask.sum()) if client_nodes == "train+val" else 0)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_train_clients_on_an_all_training_graph_equal_all(method: str) -> None:
+    data = _masked(_sbm(), train=150)  # every node trains: the induced-subgraph path must change nothing
+    options = {"seed": 1, "edge_drop": 0.3, "cross_edge_drop": 0.2}
+    every = partition_horizontal(data, 4, method, **options)
+    train = partition_horizontal(data, 4, method, client_nodes="train", **options)
+    assert torch.equal(every.owner, train.owner) and train.server_shard is None
+    for a, b in zip(every.shards, train.shards):
+        assert torch.equal(a.nodes, b.nodes)
+        assert torch.equal(a.edge_index, b.edge_index) and torch.equal(a.cross_edges, b.cross_edges)
+
+
+def test_stratified_deals_every_class_within_one() -> None:
+    data = _sbm(num_nodes=400, seed=2)
+    train_labels = torch.bincount(data.y[data.train_mask], minlength=3)
+    for num_clients in (7, 45):  # 45: more clients than some classes have nodes, which is fine
+        part = partition_horizontal(data, num_clients, "stratified", seed=5, client_nodes="train")
+        counts = torch.stack([torch.bincount(s.y, minlength=3) for s in part.shards])
+        assert torch.equal(counts, part.stats.label_counts)
+        assert torch.equal(counts.sum(dim=0), train_labels)
+        assert bool((counts.max(dim=0).values - counts.min(dim=0).values <= 1).all())
+    assert int(train_labels.min()) < 45
+
+
+def test_edge_drops_are_symmetric_and_each_touches_its_own_kind() -> None:
+    data = _sbm(num_nodes=600, seed=3)
+    n, src, dst = data.num_nodes, *data.edge_index
+    options = {"method": "random", "seed": 4, "client_nodes": "train+val"}
+    full = partition_horizontal(data, 4, **options)
+    intra0, cross0 = _intra_and_cross(full)
+    before = [int((torch.isin(src, s.nodes) & torch.isin(dst, s.nodes)).sum()) for s in full.shards]
+    assert full.stats.intra_edges == before and intra0.size(1) > 500
+    for edge_drop, cross_edge_drop in ((0.6, 0.0), (0.0, 0.6), (0.6, 0.3)):
+        part = partition_horizontal(data, 4, edge_drop=edge_drop, cross_edge_drop=cross_edge_drop, **options)
+        assert torch.equal(part.owner, full.owner)
+        intra, cross = _intra_and_cross(part)
+        for kept, whole, drop in ((intra, intra0, edge_drop), (cross, cross0, cross_edge_drop)):
+            assert _is_symmetric(kept, n)
+            assert bool(torch.isin(_keys(kept, n), _keys(whole, n)).all())
+            assert abs(kept.size(1) / whole.size(1) - (1 - drop)) < 0.06
+            if drop == 0:
+                assert torch.equal(_keys(kept, n), _keys(whole, n))
+        assert part.stats.intra_edges_before_drop == before
+        assert part.stats.cross_edges_before_drop == full.stats.cross_edges
+        summary = part.stats.summary()
+        assert summary["mean_intra_edges"] == intra.size(1) / 4 and summary["cross_edges"] == cross.size(1)
+        assert summary["mean_intra_edges_before_drop"] == sum(before) / 4
+    again = partition_horizontal(data, 4, edge_drop=0.6, cross_edge_drop=0.3, **options)
+    assert all(torch.equal(a, b) for a, b in zip(_intra_and_cross(part), _intra_and_cross(again)))
+
+
+@pytest.mark.parametrize("client_nodes", ["train", "train+val"])
+def test_server_shard_holds_the_held_out_nodes_and_the_edges_among_them(client_nodes: str) -> None:
+    data = _sbm(seed=1)
+    n, src, dst = data.num_nodes, *data.edge_index
+    part = partition_horizontal(data, 3, "stratified", seed=0, client_nodes=client_nodes, edge_drop=0.5,
+                                cross_edge_drop=0.5)
+    held = ~CLIENT_NODES[client_nodes](data)
+    server = part.server_shard
+    assert torch.equal(server.nodes, held.nonzero().flatten())
+    assert torch.equal(server.nodes, (part.owner == -1).nonzero().flatten())
+    for key in ("x", "y", "train_mask", "val_mask", "test_mask"):
+        assert torch.equal(getattr(server, key), getattr(data, key)[server.nodes])
+    among = data.edge_index[:, held[src] & held[dst]]  # all of them: the drops are the clients'
+    assert among.size(1) > 0 and bool((server.edge_index < server.num_nodes).all())
+    assert torch.equal(_keys(server.nodes[server.edge_index], n), _keys(among, n))
+    assert part.stats.summary()["held_out_nodes"] == server.num_nodes
+    assert partition_horizontal(data, 3, "stratified", seed=0).server_shard is None
+
+
+@pytest.mark.parametrize(("name", "split", "paper_vk"), [("cs", "ratio:0.8,0.1,0.1", 293), ("pubmed", "full", 364)])
+def test_fedaas_table1_client_sizes(data_root: Path, name: str, split: str, paper_vk: int) -> None:
+    """V_k of FedAAS's Table 1: 50 stratified clients holding training nodes only."""
+    from fedgl.data import load_dataset
+
+    data = load_dataset(name, str(data_root), split=split)
+    part = partition_horizontal(data, 50, "stratified", seed=0, client_nodes="train", edge_drop=0.99)
+    summary = part.stats.summary()
+    assert summary["mean_nodes"] == int(data.train_mask.sum()) / 50
+    assert abs(summary["mean_nodes"] - paper_vk) <= 1
+    assert summary["held_out_nodes"] == int((~data.train_mask).sum())
+
+
+def test_table1_bench_reports_partition_statistics_without_training(tmp_path: Path) -> None:
+    from fedgl.bench.core import run_task, within
+    from fedgl.bench.fedaas_table1 import TASKS
+    from fedgl.data import load_dataset
+
+    task = TASKS["fedaas-table1"]
+    synthetic = {"dataset.name": "synthetic", "dataset.split": "ratio:0.5,0.25,0.25", "dataset.options":
+                 {"num_nodes": 600, "num_features": 8}}
+    result = run_task(task, tmp_path, seeds=2, only=["pubmed"], overrides=synthetic)
+    vk = [partition_horizontal(load_dataset("synthetic", split="ratio:0.5,0.25,0.25", seed=seed, num_nodes=600,
+                                            num_features=8), 50, "stratified", seed=seed, client_nodes="train",
+                               edge_drop=0.99).stats.summary()["mean_nodes"] for seed in (0, 1)]
+    (row,) = result["rows"]
+    assert row["mean_nodes"]["mean"] == sum(vk) / 2 and row["mean_nodes"]["paper"] == 364
+    assert row["mean_nodes"]["pass"] is False  # 6 nodes per client, not PubMed's 364
+    table = (tmp_path / "table.md").read_text()
+    assert "| V_k | V_k (paper) | V_k within ±1 |" in table and "| fail |" in table
+    assert sorted(p.name for p in (tmp_path / "runs" / "pubmed-seed0").iterdir()) == ["config.yaml", "finished", "summary.json"]
+
+    def untouched(cfg):
+        raise AssertionError("a finished run with the same config is reused")
+
+    run_task(dataclasses.replace(task, compute=untouched), tmp_path, seeds=2, only=["pubmed"], overrides=synthetic)
+    assert within({"mean": 293.3, "paper": 293}, 1.0) and not within({"mean": 220.04, "paper": 219}, 1.0)
+    assert within({"mean": 1.0, "paper": None}, 1.0) is None

@@ -2,7 +2,9 @@
 
 A task is data: a base config, variants (each a label, config overrides and the paper's numbers for
 it) and the summary columns to report. Results go to ``results.json`` (every run's summary),
-``table.md`` and ``table.json`` in the task's folder, with each run's own folder beneath it.
+``table.md`` and ``table.json`` in the task's folder, with each run's own folder beneath it. A task
+whose numbers need no training (e.g. partition statistics) gives ``compute``, which makes a run's
+summary from its config; everything else, folders and tables included, stays the same.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from rich.table import Table
 
 from ..config import RunConfig, apply_override, build_config
 from ..errors import ConfigError
-from ..results import CONFIG, SUMMARY
+from ..results import CONFIG, FINISHED, SUMMARY, write_json
 from ..runner import run
 
 
@@ -43,6 +45,10 @@ class BenchTask:
     derive: Callable[[dict[str, Any]], dict[str, Any]] | None = None  # extra columns from a summary
     source: str = ""  # where the reference numbers come from
     finish: Callable[[Path], None] | None = None  # e.g. draw the paper's figure from the task folder
+    compute: Callable[[RunConfig], dict[str, Any]] | None = None  # a run's summary without training
+    formats: dict[str, str] = field(default_factory=dict)  # format spec per column, e.g. {"num_edges": ",.0f"}
+    labels: dict[str, str] = field(default_factory=dict)  # table header per column or "<column> (paper)"
+    tolerance: dict[str, float] = field(default_factory=dict)  # gate: |mean - paper| <= tolerance, pass/fail
 
 
 def variant_config(task: BenchTask, variant: Variant, seed: int, extra: dict[str, Any]):
@@ -59,9 +65,11 @@ def aggregate(values: list[float]) -> tuple[float | None, float | None]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def _cell(mean: float | None, std: float | None, column: str) -> str:
+def _cell(mean: float | None, std: float | None, column: str, spec: str | None = None) -> str:
     if mean is None:
         return "—"
+    if spec is not None:
+        return f"{mean:{spec}} ± {std or 0:{spec}}"
     if "accuracy" in column or column.endswith(("f1", "auc")):
         return f"{100 * mean:.2f} ± {100 * (std or 0):.2f}"
     if column.startswith("bytes"):
@@ -69,9 +77,11 @@ def _cell(mean: float | None, std: float | None, column: str) -> str:
     return f"{mean:.4g} ± {std or 0:.2g}"
 
 
-def _ref(value: float | None, column: str) -> str:
+def _ref(value: float | None, column: str, spec: str | None = None) -> str:
     if value is None:
         return ""
+    if spec is not None:
+        return f"{value:{spec}}"
     if "accuracy" in column:
         return f"{100 * value:.2f}" if value <= 1 else f"{value:.2f}"
     return f"{value:g}"
@@ -89,13 +99,35 @@ def select_variants(task: BenchTask, only: list[str] | None) -> list[Variant]:
 
 
 def finished_summary(folder: Path, cfg: RunConfig) -> dict[str, Any] | None:
-    """The summary of an earlier run in ``folder`` made with exactly this config, if there is one."""
+    """The summary of an earlier, finished run in ``folder`` made with exactly this config, if there is
+    one (an interrupted run's summary says ``"finished": false`` and has no ``finished`` marker)."""
     summary, config = folder / SUMMARY, folder / CONFIG
     if not (summary.exists() and config.exists()):
         return None
     if yaml.safe_load(config.read_text()) != cfg.model_dump(mode="json"):
         return None
-    return json.loads(summary.read_text())
+    found = json.loads(summary.read_text())
+    if not (folder / FINISHED).exists() and found.get("finished", True) is not True:
+        return None
+    return found
+
+
+def computed_summary(task: BenchTask, cfg: RunConfig, folder: Path) -> dict[str, Any]:
+    """``task.compute``'s summary, left in ``folder`` as a finished run leaves it (config and
+    summary), so it is reused the same way."""
+    summary = task.compute(cfg)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / CONFIG).write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    write_json(folder / SUMMARY, summary)
+    (folder / FINISHED).write_text("computed\n")
+    return summary
+
+
+def within(entry: dict[str, Any], tolerance: float) -> bool | None:
+    """Whether an aggregated cell's mean is within ``tolerance`` of the paper's number (None: no pair)."""
+    if entry["mean"] is None or entry["paper"] is None:
+        return None
+    return abs(entry["mean"] - entry["paper"]) <= tolerance
 
 
 def run_task(task: BenchTask, out_dir: str | Path, *, seeds: int | None = None, quick: bool = False,
@@ -122,7 +154,7 @@ def run_task(task: BenchTask, out_dir: str | Path, *, seeds: int | None = None, 
             summary = None if rerun else finished_summary(folder, cfg)
             console.print(f"[dim]{task.name}: {variant.label} seed {seed}{' (reused)' if summary else ''}[/dim]")
             if summary is None:
-                summary = run(cfg, folder).summary
+                summary = run(cfg, folder).summary if task.compute is None else computed_summary(task, cfg, folder)
             if task.derive:
                 summary |= task.derive(summary)
             runs.append({"variant": variant.label, "seed": seed, "folder": str(folder), **summary})
@@ -135,6 +167,8 @@ def run_task(task: BenchTask, out_dir: str | Path, *, seeds: int | None = None, 
             mean, std = aggregate(values)
             row[column] = {"mean": mean, "std": std, "paper": variant.reference.get(column),
                            "runs": sum(v is not None for v in values), "of": len(values)}
+            if column in task.tolerance:
+                row[column]["pass"] = within(row[column], task.tolerance[column])
         rows.append(row)
     result = {"task": task.name, "description": task.description, "source": task.source, "seeds": n_seeds,
               "quick": quick, "rows": rows}
@@ -150,9 +184,12 @@ def run_task(task: BenchTask, out_dir: str | Path, *, seeds: int | None = None, 
 def _header(task: BenchTask) -> list[str]:
     cols = ["variant"]
     for column in task.columns:
-        cols.append(column)
+        label = task.labels.get(column, column)
+        cols.append(label)
         if any(column in v.reference for v in task.variants):
-            cols.append(f"{column} (paper)")
+            cols.append(task.labels.get(f"{column} (paper)", f"{label} (paper)"))
+        if column in task.tolerance:
+            cols.append(f"{label} within ±{task.tolerance[column]:g}")
     return cols
 
 
@@ -160,12 +197,15 @@ def _cells(task: BenchTask, row: dict[str, Any]) -> list[str]:
     cells = [row["variant"]]
     for column in task.columns:
         entry = row[column]
-        cell = _cell(entry["mean"], entry["std"], column)
+        spec = task.formats.get(column)
+        cell = _cell(entry["mean"], entry["std"], column, spec)
         if 0 < entry["runs"] < entry["of"]:  # e.g. a target some seeds never reached
             cell += f" ({entry['runs']} of {entry['of']} runs)"
         cells.append(cell)
         if any(column in v.reference for v in task.variants):
-            cells.append(_ref(entry["paper"], column))
+            cells.append(_ref(entry["paper"], column, spec))
+        if column in task.tolerance:
+            cells.append({True: "pass", False: "fail", None: "—"}[entry["pass"]])
     return cells
 
 

@@ -2,9 +2,13 @@
 
 Clients keep their intra-client edges and learn only the ids of neighbours across the cut; the
 server keeps the node -> client routing table so it can relay cross-client requests (the setting of
-Swift-FedGNN, FedAAS and LLCG). The four assignment methods span the usual experimental range:
-METIS (few cut edges, as in Swift-FedGNN), Louvain communities, Dirichlet label skew, and uniform
-random (many cut edges).
+Swift-FedGNN, FedAAS and LLCG). The assignment methods span the usual experimental range: METIS
+(few cut edges, as in Swift-FedGNN), Louvain communities, Dirichlet label skew, uniform random
+(many cut edges) and stratified (FedAAS's iid "shards": every class split equally).
+
+``client_nodes`` says which nodes clients own: all of them, or (FedAAS, whose clients hold training
+nodes only) the training or training and validation nodes. The others are held out at the server
+and every edge touching them is absent from the client shards.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import pymetis
 import torch
 from torch import Tensor
 from torch_geometric.data import Data
-from torch_geometric.utils import remove_self_loops, to_undirected
+from torch_geometric.utils import remove_self_loops, subgraph, to_undirected
 
 from fedgl.errors import PartitionError
 from fedgl.partition.shards import (
@@ -27,11 +31,12 @@ from fedgl.partition.shards import (
     HorizontalPartition,
     HorizontalShard,
     PartitionStats,
+    ServerShard,
     check_num_clients,
     count_labels,
     count_per_group,
     graph_tensors,
-    pair_keep_mask,
+    pair_draws,
 )
 
 # Dirichlet draws that leave a client empty are redrawn (as in common non-IID benchmarks) at most
@@ -39,6 +44,13 @@ from fedgl.partition.shards import (
 _MAX_DIRICHLET_DRAWS = 100
 # Louvain communities larger than this multiple of the mean client size are cut into pieces.
 _LOUVAIN_CAP = 1.5
+
+# The nodes clients may own (``client_nodes``), and their name in messages.
+_CLIENT_NODES: dict[str, tuple[Callable[[GraphTensors], Tensor], str]] = {
+    "all": (lambda g: torch.ones(g.num_nodes, dtype=torch.bool), "nodes"),
+    "train": (lambda g: g.train_mask, "training nodes"),
+    "train+val": (lambda g: g.train_mask | g.val_mask, "training and validation nodes"),
+}
 
 
 def partition_horizontal(
@@ -52,34 +64,47 @@ def partition_horizontal(
     cross_edge_drop: float = 0.0,
     client_nodes: str = "all",
 ) -> HorizontalPartition:
-    """Split the nodes of ``data`` among ``num_clients`` clients.
+    """Split the client nodes of ``data`` (``client_nodes``: all, train, train+val) among
+    ``num_clients`` clients; nodes left out get ``owner == -1`` and go to the server shard.
 
-    ``alpha`` is the Dirichlet concentration (method "dirichlet"); ``edge_drop`` removes each
-    undirected intra-client edge with that probability (both directions together).
+    ``alpha`` is the Dirichlet concentration (method "dirichlet"). ``edge_drop`` removes each
+    undirected intra-client edge with that probability, ``cross_edge_drop`` each undirected
+    cross-client edge (both directions together, one seeded draw per node pair).
     """
     graph = graph_tensors(data)
-    check_num_clients(num_clients, graph.num_nodes, "nodes")
+    if client_nodes not in _CLIENT_NODES:
+        raise PartitionError(f"unknown client_nodes {client_nodes!r}; allowed: {', '.join(_CLIENT_NODES)}")
+    select, unit = _CLIENT_NODES[client_nodes]
+    members = select(graph).nonzero().flatten()
+    if client_nodes != "all" and members.numel() == 0:
+        raise PartitionError(f"client_nodes={client_nodes!r} selects no node: the data has no {unit}")
+    check_num_clients(num_clients, members.numel(), unit)
     if method not in _ASSIGNERS:
         raise PartitionError(f"unknown horizontal method {method!r}; allowed: {', '.join(_ASSIGNERS)}")
-    if not 0.0 <= edge_drop < 1.0:
-        raise PartitionError(f"edge_drop must be in [0, 1), got {edge_drop}")
+    for name, value in (("edge_drop", edge_drop), ("cross_edge_drop", cross_edge_drop)):
+        if not 0.0 <= value < 1.0:
+            raise PartitionError(f"{name} must be in [0, 1), got {value}")
     if not alpha > 0:
         raise PartitionError(f"alpha must be > 0, got {alpha}")
-    if cross_edge_drop or client_nodes != "all":
-        raise PartitionError("cross_edge_drop and client_nodes are not implemented yet")
-    owner = torch.as_tensor(_ASSIGNERS[method](graph, num_clients, seed, alpha), dtype=torch.long)
-    empty = (torch.bincount(owner, minlength=num_clients) == 0).nonzero().flatten().tolist()
+    edge_index, y = graph.edge_index, graph.y
+    if client_nodes != "all":  # the assigners see the subgraph induced by the client nodes, relabelled
+        edge_index = subgraph(members, edge_index, relabel_nodes=True, num_nodes=graph.num_nodes)[0]
+        y = y[members]
+    assigned = torch.as_tensor(_ASSIGNERS[method](edge_index, y, num_clients, seed, alpha), dtype=torch.long)
+    empty = (torch.bincount(assigned, minlength=num_clients) == 0).nonzero().flatten().tolist()
     if empty:
         raise PartitionError(f"method {method!r} left client(s) {empty} without nodes; use fewer clients")
-    return _build(graph, owner, num_clients, method, edge_drop, seed)
+    owner = torch.full((graph.num_nodes,), -1, dtype=torch.long)
+    owner[members] = assigned
+    return _build(graph, owner, num_clients, method, edge_drop, cross_edge_drop, seed)
 
 
-def _assign_metis(graph: GraphTensors, num_clients: int, seed: int, alpha: float) -> np.ndarray:
+def _assign_metis(edge_index: Tensor, y: Tensor, num_clients: int, seed: int, alpha: float) -> np.ndarray:
     """METIS k-way cut of the undirected, loop-free version of the graph."""
-    num_nodes = graph.num_nodes
+    num_nodes = y.numel()
     if num_clients == 1:
         return np.zeros(num_nodes, dtype=np.int64)
-    undirected = to_undirected(remove_self_loops(graph.edge_index)[0], num_nodes=num_nodes)
+    undirected = to_undirected(remove_self_loops(edge_index)[0], num_nodes=num_nodes)
     row, col = undirected.numpy()
     xadj = np.zeros(num_nodes + 1, dtype=np.int64)
     np.cumsum(np.bincount(row, minlength=num_nodes), out=xadj[1:])
@@ -96,12 +121,12 @@ def _assign_metis(graph: GraphTensors, num_clients: int, seed: int, alpha: float
     return owner
 
 
-def _assign_louvain(graph: GraphTensors, num_clients: int, seed: int, alpha: float) -> np.ndarray:
+def _assign_louvain(edge_index: Tensor, y: Tensor, num_clients: int, seed: int, alpha: float) -> np.ndarray:
     """Louvain communities packed into clients, largest first onto the least-loaded client."""
-    num_nodes = graph.num_nodes
+    num_nodes = y.numel()
     nx_graph = nx.Graph()
     nx_graph.add_nodes_from(range(num_nodes))
-    nx_graph.add_edges_from(graph.edge_index.t().tolist())
+    nx_graph.add_edges_from(edge_index.t().tolist())
     communities = nx.community.louvain_communities(nx_graph, seed=seed)
     members = np.concatenate([np.fromiter(c, dtype=np.int64, count=len(c)) for c in communities])
     community = np.empty(num_nodes, dtype=np.int64)
@@ -150,15 +175,20 @@ def _pack(sizes: np.ndarray, num_bins: int) -> np.ndarray:
     return assignment
 
 
-def _assign_dirichlet(graph: GraphTensors, num_clients: int, seed: int, alpha: float) -> np.ndarray:
+def _by_class(label: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """The nodes grouped by class, in a random order within each class."""
+    shuffled = rng.permutation(label.size)
+    return shuffled[np.argsort(label[shuffled], kind="stable")]
+
+
+def _assign_dirichlet(edge_index: Tensor, y: Tensor, num_clients: int, seed: int, alpha: float) -> np.ndarray:
     """Label skew: each class is split among clients in Dir(alpha) proportions."""
-    _, label = np.unique(graph.y.numpy(), return_inverse=True)
+    _, label = np.unique(y.numpy(), return_inverse=True)
     class_sizes = np.bincount(label)
     class_starts = np.cumsum(class_sizes) - class_sizes
     rng = np.random.default_rng(seed)
     for _ in range(_MAX_DIRICHLET_DRAWS):
-        shuffled = rng.permutation(label.size)
-        order = shuffled[np.argsort(label[shuffled], kind="stable")]
+        order = _by_class(label, rng)
         proportions = rng.dirichlet(np.full(num_clients, alpha), size=class_sizes.size)
         bounds = np.rint(np.cumsum(proportions, axis=1) * class_sizes[:, None]).astype(np.int64)
         bounds[:, -1] = class_sizes
@@ -176,39 +206,65 @@ def _assign_dirichlet(graph: GraphTensors, num_clients: int, seed: int, alpha: f
     )
 
 
-def _assign_random(graph: GraphTensors, num_clients: int, seed: int, alpha: float) -> np.ndarray:
+def _assign_random(edge_index: Tensor, y: Tensor, num_clients: int, seed: int, alpha: float) -> np.ndarray:
     """IID assignment with client sizes differing by at most one."""
-    num_nodes = graph.num_nodes
+    num_nodes = y.numel()
     owner = np.empty(num_nodes, dtype=np.int64)
     owner[np.random.default_rng(seed).permutation(num_nodes)] = np.arange(num_nodes) * num_clients // num_nodes
     return owner
 
 
-_ASSIGNERS: dict[str, Callable[[GraphTensors, int, int, float], np.ndarray]] = {
+def _assign_stratified(edge_index: Tensor, y: Tensor, num_clients: int, seed: int, alpha: float) -> np.ndarray:
+    """IID "shards" (FedAAS): each class, shuffled, is cut into equal shares, one per client, and
+    its remainder goes to distinct random clients, so a client's count of a class is within one of
+    every other client's."""
+    _, label = np.unique(y.numpy(), return_inverse=True)
+    rng = np.random.default_rng(seed)
+    order = _by_class(label, rng)
+    sizes = np.bincount(label)
+    rank = np.empty_like(label)
+    rank[order] = np.arange(label.size) - (np.cumsum(sizes) - sizes)[label[order]]
+    even = (sizes // num_clients * num_clients)[label]  # ranks below this are dealt round-robin
+    remainder_clients = rng.permuted(np.tile(np.arange(num_clients), (sizes.size, 1)), axis=1)
+    owner = rank % num_clients
+    extra = rank >= even
+    owner[extra] = remainder_clients[label[extra], rank[extra] - even[extra]]
+    return owner
+
+
+_ASSIGNERS: dict[str, Callable[[Tensor, Tensor, int, int, float], np.ndarray]] = {
     "metis": _assign_metis,
     "louvain": _assign_louvain,
     "dirichlet": _assign_dirichlet,
     "random": _assign_random,
+    "stratified": _assign_stratified,
 }
 
 
 def _build(
-    graph: GraphTensors, owner: Tensor, num_clients: int, method: str, edge_drop: float, seed: int
+    graph: GraphTensors, owner: Tensor, num_clients: int, method: str, edge_drop: float, cross_edge_drop: float,
+    seed: int,
 ) -> HorizontalPartition:
-    """Cut the graph tensors along ``owner`` into per-client shards and the server's routing table."""
+    """Cut the graph tensors along ``owner`` (-1: held out) into per-client shards, the server
+    shard and the server's routing table."""
     num_nodes = graph.num_nodes
-    sizes = torch.bincount(owner, minlength=num_clients)
-    nodes_by_client = torch.argsort(owner, stable=True)
+    owned = (owner >= 0).nonzero().flatten()
+    owned_owner = owner[owned]
+    sizes = torch.bincount(owned_owner, minlength=num_clients)
+    nodes_by_client = owned[torch.argsort(owned_owner, stable=True)]
     starts = torch.cumsum(sizes, 0) - sizes
-    local_index = torch.empty(num_nodes, dtype=torch.long)
-    local_index[nodes_by_client] = torch.arange(num_nodes) - starts[owner[nodes_by_client]]
+    local_index = torch.full((num_nodes,), -1, dtype=torch.long)
+    local_index[nodes_by_client] = torch.arange(owned.numel()) - starts[owner[nodes_by_client]]
 
     src, dst = graph.edge_index
-    intra = owner[src] == owner[dst]
-    kept = intra
-    if edge_drop > 0:
-        generator = torch.Generator().manual_seed(seed)
-        kept = intra & pair_keep_mask(graph.edge_index, num_nodes, 1.0 - edge_drop, generator)
+    both_owned = (owner[src] >= 0) & (owner[dst] >= 0)
+    intra = both_owned & (owner[src] == owner[dst])
+    cut_mask = both_owned & (owner[src] != owner[dst])
+    kept, cut_kept = intra, cut_mask
+    if edge_drop > 0 or cross_edge_drop > 0:
+        draws = pair_draws(graph.edge_index, num_nodes, torch.Generator().manual_seed(seed))
+        kept = intra & (draws < 1.0 - edge_drop)
+        cut_kept = cut_mask & (draws < 1.0 - cross_edge_drop)
     intra_edges = graph.edge_index[:, kept]
     intra_owner = owner[intra_edges[0]]
     intra_order = torch.argsort(intra_owner, stable=True)
@@ -216,7 +272,7 @@ def _build(
     intra_counts = torch.bincount(intra_owner, minlength=num_clients)
 
     # A cut entry (remote -> own) is recorded at the owner of its target, the node that aggregates it.
-    cut = graph.edge_index[:, ~intra]
+    cut = graph.edge_index[:, cut_kept]
     cut_owner = owner[cut[1]]
     by_node = torch.argsort(cut[1] * num_nodes + cut[0])
     cut_order = by_node[torch.argsort(cut_owner[by_node], stable=True)]
@@ -241,6 +297,7 @@ def _build(
         )
         for m, nodes in enumerate(node_chunks)
     ]
+    held_out = (owner < 0).nonzero().flatten()
     stats = PartitionStats(
         kind="horizontal",
         parties=[f"client {m}" for m in range(num_clients)],
@@ -251,10 +308,13 @@ def _build(
         features=[graph.num_features] * num_clients,
         intra_edges=intra_counts.tolist(),
         cross_edges=cross_counts.tolist(),
-        label_counts=count_labels(owner, graph.y, num_clients, graph.num_classes),
-        train=count_per_group(owner, num_clients, graph.train_mask),
-        val=count_per_group(owner, num_clients, graph.val_mask),
-        test=count_per_group(owner, num_clients, graph.test_mask),
+        label_counts=count_labels(owned_owner, graph.y[owned], num_clients, graph.num_classes),
+        train=count_per_group(owned_owner, num_clients, graph.train_mask[owned]),
+        val=count_per_group(owned_owner, num_clients, graph.val_mask[owned]),
+        test=count_per_group(owned_owner, num_clients, graph.test_mask[owned]),
+        intra_edges_before_drop=torch.bincount(owner[src[intra]], minlength=num_clients).tolist(),
+        cross_edges_before_drop=torch.bincount(owner[dst[cut_mask]], minlength=num_clients).tolist(),
+        held_out=held_out.numel(),
     )
     return HorizontalPartition(
         shards=shards,
@@ -264,4 +324,19 @@ def _build(
         num_classes=graph.num_classes,
         method=method,
         stats=stats,
+        server_shard=_server_shard(graph, held_out) if held_out.numel() else None,
+    )
+
+
+def _server_shard(graph: GraphTensors, nodes: Tensor) -> ServerShard:
+    """The held-out nodes (sorted global ids) with every edge among them, in local ids."""
+    edge_index = subgraph(nodes, graph.edge_index, relabel_nodes=True, num_nodes=graph.num_nodes)[0]
+    return ServerShard(
+        nodes=nodes,
+        x=graph.x[nodes],
+        y=graph.y[nodes],
+        train_mask=graph.train_mask[nodes],
+        val_mask=graph.val_mask[nodes],
+        test_mask=graph.test_mask[nodes],
+        edge_index=edge_index,
     )

@@ -25,7 +25,9 @@ class PartitionStats:
     ``label_counts`` ([P, C]; zero rows for parties that hold no labels).
 
     ``intra_edges`` counts the directed edge entries a party holds with both endpoints known to it;
-    ``cross_edges`` counts entries pointing to nodes held by another party (ids only).
+    ``cross_edges`` counts entries pointing to nodes held by another party (ids only). Horizontal
+    splits also record both counts before their edge drops (``*_before_drop``; None elsewhere) and
+    ``held_out``, the nodes no party owns (kept by the server).
     """
 
     kind: str
@@ -41,10 +43,16 @@ class PartitionStats:
     train: list[int]
     val: list[int]
     test: list[int]
+    intra_edges_before_drop: list[int] | None = None
+    cross_edges_before_drop: list[int] | None = None
+    held_out: int = 0
 
     def to_rows(self) -> list[dict[str, Any]]:
         """One JSON-ready dict per party, for tables and result files."""
         labels = self.label_counts.tolist()
+        before = {"intra_edges_before_drop": self.intra_edges_before_drop,
+                  "cross_edges_before_drop": self.cross_edges_before_drop}
+        optional = {key: values for key, values in before.items() if values is not None}
         return [
             {
                 "party": self.parties[p],
@@ -52,6 +60,7 @@ class PartitionStats:
                 "features": self.features[p],
                 "intra_edges": self.intra_edges[p],
                 "cross_edges": self.cross_edges[p],
+                **{key: values[p] for key, values in optional.items()},
                 "train": self.train[p],
                 "val": self.val[p],
                 "test": self.test[p],
@@ -72,25 +81,38 @@ class PartitionStats:
         return torch.where(totals.squeeze(1) > 0, terms.sum(dim=1), torch.full_like(totals.squeeze(1), math.nan))
 
     def summary(self) -> dict[str, Any]:
-        """Totals and balance figures of the split as plain numbers."""
+        """Totals and balance figures of the split as plain numbers.
+
+        ``mean_nodes`` and ``mean_intra_edges`` are the per-party means (FedAAS's V_k and E_k);
+        ``cross_edges`` is the total of kept cross-party entries (its ΔE).
+        """
         entropy = self.label_entropy()
         labelled = entropy[~entropy.isnan()]
         intra, cross = sum(self.intra_edges), sum(self.cross_edges)
-        return {
+        parties = len(self.parties)
+        summary = {
             "kind": self.kind,
-            "parties": len(self.parties),
+            "parties": parties,
             "num_nodes": self.num_nodes,
             "num_edges": self.num_edges,
             "num_classes": self.num_classes,
             "intra_edges": intra,
             "cross_edges": cross,
             "cross_edge_fraction": cross / self.num_edges if self.num_edges else 0.0,
+            "held_out_nodes": self.held_out,
             "min_nodes": min(self.nodes),
             "max_nodes": max(self.nodes),
+            "mean_nodes": sum(self.nodes) / parties,
+            "mean_intra_edges": intra / parties,
             "min_features": min(self.features),
             "max_features": max(self.features),
             "mean_label_entropy": float(labelled.mean()) if labelled.numel() else math.nan,
         }
+        if self.intra_edges_before_drop is not None:
+            summary["mean_intra_edges_before_drop"] = sum(self.intra_edges_before_drop) / parties
+        if self.cross_edges_before_drop is not None:
+            summary["cross_edges_before_drop"] = sum(self.cross_edges_before_drop)
+        return summary
 
 
 @dataclass(frozen=True, eq=False)
@@ -98,8 +120,9 @@ class HorizontalShard:
     """One client's private subgraph: its own nodes with all their features and labels.
 
     ``edge_index`` holds intra-client edges in local indices. ``cross_edges`` holds one column
-    ``(local id of own node, global id of a remote in-neighbour)`` per original entry
-    ``(remote -> own)``: the client knows those neighbours exist, not their data or owner.
+    ``(local id of own node, global id of a remote in-neighbour)`` per kept entry
+    ``(remote -> own)`` whose source another client owns: the client knows those neighbours
+    exist, not their data or owner. Edges to nodes no client owns are absent.
     """
 
     client: int
@@ -118,8 +141,32 @@ class HorizontalShard:
 
 
 @dataclass(frozen=True, eq=False)
+class ServerShard:
+    """The nodes no client owns (e.g. validation and test nodes when clients hold training nodes
+    only), placed at the server: their features, labels, masks and the edges among them in local
+    ids (no edge drop; edges to client nodes are absent). FedAAS's server computes its own loss here.
+    """
+
+    nodes: Tensor
+    x: Tensor
+    y: Tensor
+    train_mask: Tensor
+    val_mask: Tensor
+    test_mask: Tensor
+    edge_index: Tensor
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.nodes.numel())
+
+
+@dataclass(frozen=True, eq=False)
 class HorizontalPartition:
-    """All clients' shards plus the routing table (``owner``, ``local_index``) kept by the server."""
+    """All clients' shards plus the routing table (``owner``, ``local_index``) kept by the server.
+
+    Nodes owned by no client have ``owner == local_index == -1`` and sit in ``server_shard``
+    (None when every node is owned).
+    """
 
     shards: list[HorizontalShard]
     owner: Tensor
@@ -128,6 +175,7 @@ class HorizontalPartition:
     num_classes: int
     method: str
     stats: PartitionStats
+    server_shard: ServerShard | None = None
 
     @property
     def num_clients(self) -> int:
@@ -253,17 +301,21 @@ def check_num_clients(num_clients: int, available: int, unit: str) -> None:
         )
 
 
-def pair_keep_mask(edge_index: Tensor, num_nodes: int, keep_prob: float, generator: torch.Generator) -> Tensor:
-    """Keep each unordered node pair with probability ``keep_prob``; both directions share one draw.
+def pair_draws(edge_index: Tensor, num_nodes: int, generator: torch.Generator) -> Tensor:
+    """One U(0, 1) draw per unordered node pair, repeated on each of its entries (both directions).
 
-    An undirected graph therefore stays undirected, and no reverse edge is ever added to a directed
-    one. Draws are indexed by the sorted pair keys, so the result does not depend on edge order.
+    Thresholding the draws keeps an undirected graph undirected and never adds a reverse edge to a
+    directed one. Draws are indexed by the sorted pair keys, so they do not depend on edge order.
     """
     low = torch.minimum(edge_index[0], edge_index[1])
     high = torch.maximum(edge_index[0], edge_index[1])
     keys, pair_of_edge = torch.unique(low * num_nodes + high, return_inverse=True)
-    draws = torch.rand(keys.numel(), generator=generator)
-    return (draws < keep_prob)[pair_of_edge]
+    return torch.rand(keys.numel(), generator=generator)[pair_of_edge]
+
+
+def pair_keep_mask(edge_index: Tensor, num_nodes: int, keep_prob: float, generator: torch.Generator) -> Tensor:
+    """Keep each unordered node pair with probability ``keep_prob``; both directions share one draw."""
+    return pair_draws(edge_index, num_nodes, generator) < keep_prob
 
 
 def count_labels(group: Tensor, y: Tensor, num_groups: int, num_classes: int) -> Tensor:
