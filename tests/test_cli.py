@@ -268,3 +268,15 @@ def test_bench_does_not_reuse_an_unfinished_run(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     (tmp_path / "summary.json").write_text(json.dumps(summary | {"finished": False}))
     assert finished_summary(tmp_path, cfg) is None
+
+
+def test_progress_lines_when_output_is_not_a_terminal(tmp_path, capsys):
+    """Piped output (CI, nohup, | cat) gets plain progress lines with an ETA while the run goes;
+    --json prints only the summary."""
+    proc = subprocess.run([sys.executable, "-m", "fedgl.cli", "run", "--dataset", "synthetic", "--set",
+                           "dataset.options.num_nodes=300", "--rounds", "40", "--out", str(tmp_path / "r")],
+                          capture_output=True, text=True, check=True)
+    lines = [line for line in proc.stdout.splitlines() if "round " in line and "/40" in line]
+    assert len(lines) == 20 and all("eta" in line and "B  elapsed" in line for line in lines), proc.stdout
+    assert main(["run", *TINY, "--json", "--out", str(tmp_path / "j")]) == 0
+    assert json.loads(capsys.readouterr().out)["rounds"] == 3

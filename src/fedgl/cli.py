@@ -7,6 +7,7 @@ code 2; a traceback means a bug in fedgl.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ from rich.console import Console
 from . import __version__
 from .errors import ConfigError, FedglError, RunFailed
 
-console = Console()
+console = Console(soft_wrap=True)  # one result line, whatever the width
 
 _FLAGS = {  # run flags that are shorthands for config keys
     "protocol": "protocol.name",
@@ -31,6 +32,7 @@ _FLAGS = {  # run flags that are shorthands for config keys
 
 def _run(args: argparse.Namespace) -> int:
     from .config import load_config
+    from .progress import human_bytes
     from .runner import Run
 
     overrides = [f"{key}={value}" for flag, key in _FLAGS.items() if (value := getattr(args, flag)) is not None]
@@ -45,7 +47,7 @@ def _run(args: argparse.Namespace) -> int:
             raise ConfigError(f"cannot resume: {args.out} holds no checkpoint (set checkpoint_every to write them)")
         console.print(f"resuming from round {job.start_round}")
     try:
-        result = job.execute(progress=not args.quiet)
+        result = job.execute(progress=not (args.quiet or args.json))
     except KeyboardInterrupt:
         if job.completed >= job.start_round:
             print(f"fedgl: interrupted after round {job.completed}; continue with the same command and "
@@ -54,10 +56,13 @@ def _run(args: argparse.Namespace) -> int:
             print("fedgl: interrupted before the first round ended; nothing to resume", file=sys.stderr)
         return 130
     s = result.summary
+    if args.json:
+        print(json.dumps(s | {"out_dir": str(result.out_dir)}, default=float))
+        return 0
     console.print(
         f"[bold]{s['protocol']}[/bold] on {s['dataset']} ({s['backend']}, seed {s['seed']}): "
         f"{s['rounds']} rounds, best val {s['best_val_accuracy']:.4f} at round {s['best_round']}, "
-        f"test {s['test_accuracy']:.4f}, {s['bytes_total'] / 1e6:.2f} MB sent, "
+        f"test {s['test_accuracy']:.4f}, {human_bytes(s['bytes_total'])} sent, "
         f"simulated {s['sim_time_s']:.2f} s, wall {s['wall_time_s']:.2f} s"
     )
     if s["target_val_accuracy"] is not None:
@@ -167,7 +172,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--clients", type=int)
     r.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
     r.add_argument("--overwrite", action="store_true", help="replace a finished run in --out")
-    r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.add_argument("--quiet", action="store_true", help="no progress output")
+    r.add_argument("--json", action="store_true", help="print only the summary, as one JSON line")
     r.set_defaults(func=_run)
 
     b = sub.add_parser("bench", help="run a named benchmark task (no name: list them)")

@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 import yaml
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .comm import NetworkModel, make_transport
 from .comm.ledger import SERVER
@@ -26,6 +25,7 @@ from .errors import ConfigError, PartyFailure, RunFailed
 from .files import write_atomically
 from .evaluation import Evaluator
 from .protocols import protocol_class
+from .progress import RunProgress
 from .results import CONFIG, FINISHED, LEDGER, METRICS, PLOT, SUMMARY, plot_curves, read_jsonl, write_json, write_jsonl
 
 CHECKPOINT = "checkpoint.pt"
@@ -233,12 +233,9 @@ class Run:
         target = cfg.eval.target_val_accuracy
         started = time.perf_counter() - self.wall_offset
         self.completed = self.start_round - 1
-        columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("{task.fields[status]}"), TimeElapsedColumn()]
         try:
-            with Progress(*columns, disable=not progress, transient=False) as bar, StopAfterRound() as stop:
-                task = bar.add_task(f"{cfg.protocol_name} on {cfg.dataset.name}", total=cfg.train.rounds,
-                                    completed=self.start_round - 1, status="")
+            with RunProgress(f"{cfg.protocol_name} on {cfg.dataset.name}", cfg.train.rounds, self.start_round - 1,
+                             enabled=progress) as bar, StopAfterRound() as stop:
                 r = self.start_round
                 while r <= cfg.train.rounds:
                     self.transport.set_round(r)
@@ -247,19 +244,17 @@ class Run:
                         stats = self.protocol.train_round(r)
                     except PartyFailure as failure:
                         r = self.recover(failure, r, time.perf_counter() - started)
-                        bar.update(task, completed=r - 1)
                         continue
+                    row = None
                     if r % cfg.eval.every == 0 or r == cfg.train.rounds:
                         row = self.evaluate(r, stats, time.perf_counter() - started)
-                        bar.update(task, status=f"val {row['val_accuracy']:.3f}  test {row['test_accuracy']:.3f}  "
-                                               f"{row['bytes_total'] / 1e6:.1f} MB")
                         if target is not None and cfg.eval.stop_at_target and row["val_accuracy"] >= target:
-                            bar.update(task, completed=r)
+                            bar.update(r, row)
                             break
                     if cfg.checkpoint_every and r % cfg.checkpoint_every == 0:
                         self.save_checkpoint(r, time.perf_counter() - started)
                     self.completed = r
-                    bar.update(task, completed=r)
+                    bar.update(r, row)
                     if stop.requested:
                         self.interrupted(time.perf_counter() - started)
                         raise KeyboardInterrupt
