@@ -1,16 +1,18 @@
-"""nFedGNN and CNFGNN: split-model equivalence, batched optimiser, exact ledger counts, accuracy."""
+"""nFedGNN and CNFGNN: split-model equivalence, batched optimiser, exact ledger counts, learning."""
 
 from __future__ import annotations
 
-import os
+from pathlib import Path
 
 import pytest
+import yaml
 import torch
+from torch import Tensor
 from torch.nn import functional as F
 from torch_geometric.data import Data
 
 from fedgl.comm import LocalTransport
-from fedgl.config import build_config
+from fedgl.config import apply_override, build_config
 from fedgl.errors import ConfigError
 from fedgl.evaluation import Evaluator
 from fedgl.models import build_model, prepare_graph
@@ -25,33 +27,27 @@ from fedgl.models.split_node import (
     project,
     support_gradient,
 )
+from fedgl.protocols import protocol_class
 from fedgl.protocols.cnfgnn import CNFGNN
 from fedgl.protocols.nfedgnn import NFedGNN
-from fedgl.runner import run
 
-PAPER_CORA_GCN_MB = 34.06  # Table 1, nFedGNN, GCN, Cora
-
-
-def _root() -> str:
-    root = os.environ.get("FEDGL_DATA_ROOT")
-    if not root:
-        pytest.skip("FEDGL_DATA_ROOT is not set: real datasets unavailable")
-    return root
+EXAMPLE = Path(__file__).parents[1] / "examples" / "nfedgnn-cora.yaml"
 
 
 @pytest.fixture(scope="module")
-def cora() -> Data:
+def cora(data_root) -> Data:
     from fedgl.data import load_dataset
 
-    return load_dataset("cora", _root())
+    return load_dataset("cora", str(data_root))
 
 
-def toy_graph(n: int = 40, f: int = 12, c: int = 3, seed: int = 0) -> Data:
-    """A small random graph with sparse non-negative features and a few training labels."""
+def toy_graph(n: int = 40, f: int = 12, c: int = 3, seed: int = 0, degree: int = 3) -> Data:
+    """A small random undirected graph (about ``2 * degree`` neighbours per node) with sparse non-negative
+    features and a few training labels."""
     g = torch.Generator().manual_seed(seed)
     x = (torch.rand(n, f, generator=g) < 0.3).float() * torch.rand(n, f, generator=g)
-    src = torch.randint(0, n, (3 * n,), generator=g)
-    dst = torch.randint(0, n, (3 * n,), generator=g)
+    src = torch.randint(0, n, (degree * n,), generator=g)
+    dst = torch.randint(0, n, (degree * n,), generator=g)
     keep = src != dst
     both = torch.cat([torch.stack([src, dst]), torch.stack([dst, src])], 1)[:, keep.repeat(2)]
     edge_index = torch.unique(both, dim=1)
@@ -155,29 +151,62 @@ def test_split_gat_with_one_shared_weight_is_the_centralized_gat():
     torch.testing.assert_close(split_logits, central_logits, atol=1e-5, rtol=1e-4)
 
 
-def test_laplacian_penalty_counts_every_neighbour_pair_and_self():
-    edge_index = torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]])
-    graph = prepare_server_graph(edge_index, 3)
-    z = torch.tensor([[0.0, 0.0], [1.0, 0.0], [1.0, 2.0]])
-    # pairs (0,1),(1,0): 1 each; (1,2),(2,1): 4 each; normaliser sum |N_i| = 4 edges + 3 self = 7
-    assert laplacian_penalty(z, graph, 1, True).item() == pytest.approx(10 / 7)
-    two_heads = torch.cat([z, -z], 1)
-    assert laplacian_penalty(two_heads, graph, 2, True).item() == pytest.approx(20 / 7)
-    assert laplacian_penalty(two_heads, graph, 2, False).item() == pytest.approx(0.0)
+def test_laplacian_penalty_is_eq6_over_every_neighbourhood_with_self():
+    """Eq. 6 from the dense adjacency: sum over i and j in N_i (self included) of ||z_i - z_j||^2, divided by
+    sum_i |N_i|; per head the head terms add up, ``mean`` first averages the heads (Appendix D)."""
+    data = toy_graph()
+    n, heads = data.num_nodes, 3
+    z = torch.randn(n, heads * 4, generator=torch.Generator().manual_seed(2))
+    adj = torch.eye(n)
+    adj[data.edge_index[0], data.edge_index[1]] = 1.0
+    graph = prepare_server_graph(data.edge_index, n)
+
+    def eq6(latent: Tensor) -> Tensor:
+        return (adj * (latent[:, None] - latent[None]).pow(2).sum(-1)).sum() / adj.sum()
+
+    torch.testing.assert_close(laplacian_penalty(z, graph, heads, True), eq6(z))
+    torch.testing.assert_close(laplacian_penalty(z, graph, heads, False), eq6(z.view(n, heads, 4).mean(1)))
+
+
+def test_regulariser_gradient_gives_a_user_the_sum_of_its_neighbours_latents():
+    """The leak documented in docs/nfedgnn.md: a user i with no training node within two hops gets no
+    cross-entropy gradient, so its gradient is the penalty's, (4 lam / S) (d_i z_i - sum_j z_j) over its d_i
+    neighbours, with S = sum_i |N_i|. Knowing lam, S and its degree, it recovers its neighbours' latent sum."""
+    data = toy_graph(n=60, degree=1)
+    n, lam = data.num_nodes, 10.0
+    protocol, transport = setup_protocol(NFedGNN, data, lam=lam)
+    _, grad = protocol.server_step(transport._parties["users"].embed(), None)
+    z = protocol.latents
+    adj = torch.zeros(n, n)
+    adj[data.edge_index[0], data.edge_index[1]] = 1.0
+    reach = (adj + torch.eye(n)).matrix_power(2)  # within two hops, self included
+    far = reach[:, data.train_mask].sum(1) == 0
+    pairs = adj.sum() + n  # S: every neighbour pair, each node with itself included
+    recovered = adj.sum(1, keepdim=True) * z - pairs * grad / (4 * lam)
+    assert far.sum() >= 5
+    torch.testing.assert_close(recovered[far], (adj @ z)[far], atol=1e-5, rtol=1e-4)
 
 
 # ---- the vectorised user population -------------------------------------------------------------------
+def torch_optimizer(kind: str, params: list[Tensor], lr: float, weight_decay: float, decoupled: bool):
+    """One user's own torch optimiser (for SGD both forms of weight decay are the same update)."""
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay)
+    return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay, decoupled_weight_decay=decoupled)
+
+
+@pytest.mark.parametrize("decoupled", [True, False])
 @pytest.mark.parametrize("kind", ["adam", "sgd"])
-def test_batched_optimizer_follows_each_users_own_torch_optimizer(kind):
-    """Per-user rows on the support, partial participation: every user as if alone with torch.optim."""
+def test_batched_optimizer_follows_each_users_own_torch_optimizer(kind, decoupled):
+    """Per-user rows on the support, partial participation: every user as if alone with torch.optim.
+    The decay is large so that the two forms of weight decay give visibly different weights."""
     data = toy_graph(n=6, f=5)
     features = UserFeatures.from_dense(data.x, normalize=False)
     weight, _ = init_support_weights(features, 3, shared=False, generator=torch.Generator().manual_seed(0))
     dense = torch.zeros(6, 5, 3).index_put_((features.row, features.col), weight)
     refs = [torch.nn.Parameter(dense[i].clone()) for i in range(6)]
-    make = torch.optim.Adam if kind == "adam" else torch.optim.SGD
-    opts = [make([p], lr=0.1, weight_decay=5e-4) for p in refs]
-    batched = BatchedOptimizer(weight, features.row, 6, kind, 0.1, 5e-4)
+    opts = [torch_optimizer(kind, [p], 0.1, 0.2, decoupled) for p in refs]
+    batched = BatchedOptimizer(weight, features.row, 6, kind, 0.1, 0.2, decoupled)
     g = torch.Generator().manual_seed(1)
     for users in (None, torch.tensor([1, 4]), None, torch.tensor([0, 1, 5])):
         idx = features.entries(users)
@@ -186,22 +215,42 @@ def test_batched_optimizer_follows_each_users_own_torch_optimizer(kind):
         latent_grad = torch.randn(rows, 3, generator=g)
         batched.step(weight, support_gradient(features, latent_grad, idx, pos, None), idx, users)
         for r, i in enumerate(range(6) if users is None else users.tolist()):
-            x_i = data.x[i]
-            refs[i].grad = torch.outer(x_i, latent_grad[r])
+            refs[i].grad = torch.outer(data.x[i], latent_grad[r])
             opts[i].step()
     for i in range(6):
         mine = features.row == i
         torch.testing.assert_close(weight[mine], refs[i].detach()[features.col[mine]], atol=1e-6, rtol=1e-5)
 
 
-def test_cnfgnn_users_upload_the_models_a_dense_simulation_gives():
-    """The shared rows for absent features reproduce per-user dense weights with their own Adam."""
+def test_decoupled_user_decay_does_not_depend_on_the_gradients_scale():
+    """A user's share of a mean loss shrinks with the number of labels. With decoupled decay its Adam step is
+    the same whatever that scale; with coupled decay a small enough gradient is swamped by the decay."""
+    x = (torch.arange(8) % 2).float().unsqueeze(0)  # a binary bag of words, as on CS
+    features = UserFeatures.from_dense(x, normalize=True)
+    grad = torch.randn(1, 4, generator=torch.Generator().manual_seed(3))
+
+    def steps(scale: float, decoupled: bool) -> Tensor:
+        weight, _ = init_support_weights(features, 4, shared=False, generator=torch.Generator().manual_seed(0))
+        start = weight.clone()
+        opt = BatchedOptimizer(weight, features.row, 1, "adam", 0.1, 5e-4, decoupled)
+        for _ in range(5):
+            opt.step(weight, support_gradient(features, grad * scale, None, features.row, None), None, None)
+        return weight - start
+
+    small = 1e-3  # a small share of a mean loss, still far above Adam's eps
+    torch.testing.assert_close(steps(small, True), steps(1.0, True), atol=0, rtol=1e-2)
+    assert (steps(small, False) - steps(1.0, False)).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("decay", ["decoupled", "coupled"])
+def test_cnfgnn_users_upload_the_models_a_dense_simulation_gives(decay):
+    """The shared rows for absent features reproduce per-user dense weights, each with its own torch Adam."""
     data = toy_graph(n=8, f=6)
-    protocol, transport = setup_protocol(CNFGNN, data)
+    protocol, transport = setup_protocol(CNFGNN, data, user_weight_decay=decay)
     users = transport._parties["users"]
-    start = users.common.clone()
-    refs = [torch.nn.Parameter(start.clone()) for _ in range(8)]
-    opts = [torch.optim.Adam([p], lr=0.1, weight_decay=5e-4) for p in refs]
+    train = protocol.cfg.train
+    refs = [torch.nn.Parameter(users.common.clone()) for _ in range(8)]
+    opts = [torch_optimizer(train.optimizer, [p], train.lr, train.weight_decay, decay == "decoupled") for p in refs]
     x = torch.zeros(8, 6).index_put_((users.features.row, users.features.col), users.features.val)
     users.dropout = 0.0
     for _ in range(2):
@@ -221,36 +270,40 @@ def test_cnfgnn_users_upload_the_models_a_dense_simulation_gives():
                 p.copy_(average)
 
 
+def test_cnfgnn_upload_reveals_each_users_feature_support():
+    """The leak documented in docs/nfedgnn.md: the server compares each upload with its broadcast shrunk by
+    the decay; the rows that moved otherwise are the user's non-zero features."""
+    data = toy_graph()
+    protocol, transport = setup_protocol(CNFGNN, data)
+    train = protocol.cfg.train
+    protocol.train_round(1)
+    broadcast = transport.call(protocol.users, "upload")[0]  # after round 1 every user holds the average
+    _, grad = protocol.server_step(transport.call(protocol.users, "embed"), None)  # round 2 up to the upload
+    transport.call(protocol.users, "update", grad=grad)
+    uploads = transport.call(protocol.users, "upload")
+    moved = ((uploads - broadcast * (1 - train.lr * train.weight_decay)).abs() > 1e-7).any(-1)
+    assert torch.equal(moved, data.x != 0)
+
+
 # ---- communication ----------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def cora_200(cora, tmp_path_factory):
-    """nFedGNN, split GCN, the paper's settings and the default lambda, 200 rounds on Cora."""
-    return run(build_config(split_config("nfedgnn", 200)), tmp_path_factory.mktemp("cora200"), data=cora)
-
-
-def test_ledger_for_cora_gcn_over_200_rounds_is_the_analytic_count(cora, cora_200):
-    users, latent, rounds = cora.num_nodes, 16, 200
-    one_way = users * latent * 4 * rounds
-    summary = cora_200.summary
-    print(f"\nnFedGNN Cora GCN, 200 rounds: ledger up {summary['bytes_by_direction']['up'] / 2**20:.2f} MiB "
-          f"(= {one_way / 1e6:.2f} MB), down {summary['bytes_by_direction']['down'] / 2**20:.2f} MiB; "
-          f"paper Table 1: {PAPER_CORA_GCN_MB} MB")
-    assert summary["bytes_by_direction"] == {"up": one_way, "down": one_way}
-    assert summary["bytes_by_kind"] == {"embedding": one_way, "gradient": one_way}
-    assert summary["bytes_total"] == 2 * one_way
-    # the paper's 40.61 / 240.69 MB for CiteSeer / PubMed are N x 16 x 4 x 200 bytes in MiB; the same
-    # count for Cora is 33.06 MiB, one unit below the printed 34.06
-    assert one_way / 2**20 == pytest.approx(33.06, abs=0.005)
+def test_ledger_for_cora_gcn_is_the_analytic_count(cora):
+    """Per round, every user uploads its latent and receives its gradient: N x D floats each way."""
+    cfg = example_config(3)
+    protocol, transport, _ = train_on(cora, cfg)
+    one_way = cfg.train.rounds * cora.num_nodes * protocol.shape.latent_dim * torch.finfo(torch.float32).bits // 8
+    assert transport.ledger.by_direction() == {"up": one_way, "down": one_way}
+    assert transport.ledger.by_kind(include_eval=False) == {"embedding": one_way, "gradient": one_way}
+    assert transport.ledger.member_bytes("users", "up").tolist() == [one_way // cora.num_nodes] * cora.num_nodes
 
 
 def test_every_user_is_charged_its_own_rows_under_partial_participation():
     data = toy_graph()
     _, transport, _ = train(NFedGNN, data, 4, user_fraction=0.25)
     k = round(0.25 * data.num_nodes)
-    per_round = k * 16 * 4
+    per_round = k * build_config(split_config("nfedgnn", 4)).model.hidden * 4  # GCN: the latent is model.hidden wide
+    ids = torch.arange(k).element_size() * k  # the participant list, int64, goes with both calls
     kinds = transport.ledger.by_kind(include_eval=False)
-    assert kinds == {"embedding": 4 * per_round, "gradient": 4 * per_round,
-                     "index": 4 * 2 * k * 8}  # the participant list goes with both calls
+    assert kinds == {"embedding": 4 * per_round, "gradient": 4 * per_round, "index": 4 * 2 * ids}
     assert int(transport.ledger.member_bytes("users", "up").sum()) == 4 * per_round
 
 
@@ -270,12 +323,13 @@ def test_partial_participation_leaves_absent_users_untouched():
     assert not owners_moved[absent].any()
     assert owners_moved[chosen].any()
     member = transport.ledger.member_bytes("users", "up")
-    assert set(member[chosen].tolist()) == {16 * 4} and member[absent].sum() == 0
+    assert set(member[chosen].tolist()) == {protocol.shape.latent_dim * 4} and member[absent].sum() == 0
 
 
 def test_cnfgnn_uploads_latents_and_whole_models_in_any_number_of_messages():
     data = toy_graph()
-    n, f, d, rounds = data.num_nodes, data.num_features, 16, 3
+    n, f, rounds = data.num_nodes, data.num_features, 3
+    d = build_config(split_config("cnfgnn", rounds)).model.hidden
     per_user_mb = f * d * 4 / 2**20
     runs = [train(CNFGNN, data, rounds), train(CNFGNN, data, rounds, message_mb=7 * per_user_mb)]
     expected_up = rounds * n * (d + f * d) * 4  # the paper's Table 1 count: latents and models, upload only
@@ -313,34 +367,101 @@ def test_bad_options_are_config_errors(option):
         build_config({"protocol": {"name": "nfedgnn", **option}})
 
 
-def test_train_config_is_used_on_both_sides():
+def test_readme_cnfgnn_command_turns_the_example_into_cnfgnn():
+    """`fedgl run examples/nfedgnn-cora.yaml --set protocol.name=cnfgnn --set protocol.lam=0` is valid;
+    CNFGNN with a regulariser is not."""
+    assert example_config(200, "protocol.name=cnfgnn", "protocol.lam=0").protocol_name == "cnfgnn"
+    with pytest.raises(ConfigError, match="protocol.lam"):
+        example_config(200, "protocol.name=cnfgnn")
+
+
+@pytest.mark.parametrize("decay", ["decoupled", "coupled"])
+def test_train_config_is_used_on_both_sides(decay):
     data = toy_graph()
-    protocol, transport = setup_protocol(NFedGNN, data)
+    protocol, transport = setup_protocol(NFedGNN, data, user_weight_decay=decay)
     users = transport._parties["users"]
     assert isinstance(protocol.server_optimizer, torch.optim.Adam)
     train = protocol.cfg.train
-    assert (users.optimizer.kind, users.optimizer.lr, users.optimizer.weight_decay) == (
-        train.optimizer, train.lr, train.weight_decay)
+    assert (users.optimizer.kind, users.optimizer.lr, users.optimizer.weight_decay, users.optimizer.decoupled) == (
+        train.optimizer, train.lr, train.weight_decay, decay == "decoupled")
 
 
-# ---- accuracy ---------------------------------------------------------------------------------------------------
-def test_nfedgnn_reaches_the_papers_cora_accuracy(cora_200):
-    """Section 4.2: the best nFedGNN accuracy for GCN on Cora is 71.9 %.
+# ---- learning on Cora with the documented settings -----------------------------------------------------------
+def example_config(rounds: int, *overrides: str):
+    """The documented Cora settings (examples/nfedgnn-cora.yaml), run for ``rounds`` rounds."""
+    data = yaml.safe_load(EXAMPLE.read_text())
+    for item in (f"train.rounds={rounds}", *overrides):
+        apply_override(data, item)
+    return build_config(data)
 
-    Test accuracy at the best validation round; over seeds 0-11 it spans 66-74 % (seed 0: 70 %).
-    The last round's accuracy swings too much with the paper's learning rate of 0.1 to test.
-    """
-    assert cora_200.summary["test_accuracy"] > 0.67
+
+def train_on(data: Data, cfg):
+    """Run ``cfg``'s protocol on ``data`` round by round; returns it, its transport and the training losses."""
+    torch.manual_seed(cfg.seed)  # the server's dropout draws, as the runner seeds them
+    transport = LocalTransport()
+    protocol = protocol_class(cfg.protocol_name)(cfg, transport)
+    protocol.setup(data)
+    losses = []
+    for r in range(1, cfg.train.rounds + 1):
+        transport.set_round(r)
+        losses.append(protocol.train_round(r)["train_ce"])
+    return protocol, transport, losses
+
+
+def scored_accuracy(protocol, transport, data: Data) -> float:
+    evaluator = Evaluator(data)
+    with transport.evaluation():
+        return evaluator.score(protocol.predict(evaluator))["test_accuracy"]
+
+
+def majority_rate(data: Data) -> float:
+    """Accuracy of always answering the most frequent test label: the chance level to beat."""
+    counts = torch.bincount(data.y[data.test_mask])
+    return float(counts.max() / counts.sum())
+
+
+def assert_learns(losses: list[float], accuracy: float, data: Data, fall: float = 0.75) -> None:
+    """The training cross-entropy fell to ``fall`` of its first value and accuracy is well above chance."""
+    assert losses[-1] < fall * losses[0]
+    assert accuracy > majority_rate(data) + 0.15
+
+
+def test_nfedgnn_learns_on_cora(cora):
+    protocol, transport, losses = train_on(cora, example_config(60))
+    assert_learns(losses, scored_accuracy(protocol, transport, cora), cora)
 
 
 @pytest.mark.slow
-def test_regulariser_and_nfedgnn_beat_their_alternatives_on_cora(cora, cora_200, tmp_path):
-    """Figure 5: lambda > 0 beats lambda = 0; Figure 4: nFedGNN beats CNFGNN (same seed, 200 rounds)."""
-    plain = run(build_config(split_config("nfedgnn", 200, lam=0.0)), tmp_path / "plain", data=cora).summary
-    shared = run(build_config(split_config("cnfgnn", 200)), tmp_path / "cnfgnn", data=cora).summary
-    regular = cora_200.summary
-    assert regular["test_accuracy"] > plain["test_accuracy"] + 0.03
-    assert regular["test_accuracy"] > shared["test_accuracy"] + 0.2
+def test_cnfgnn_learns_on_cora_within_the_papers_rounds(cora):
+    """CNFGNN's averaged first layer moves slowly (docs/nfedgnn.md), so it needs most of the 200 rounds."""
+    cfg = example_config(200, "protocol.name=cnfgnn", "protocol.lam=0")
+    protocol, transport, losses = train_on(cora, cfg)
+    assert_learns(losses, scored_accuracy(protocol, transport, cora), cora, fall=0.65)
+
+
+@pytest.mark.parametrize("decay", ["decoupled", "coupled"])
+def test_cnfgnn_rows_without_data_only_shrink_under_decoupled_decay(decay):
+    """A user's rows for features it lacks get no data gradient. Decoupled decay only shrinks them; coupled
+    decay hands Adam the decay alone, which Adam rescales to a full ``lr`` step: averaged over the many users
+    lacking a feature, that step swamps the few users' data (why CNFGNN did not learn with coupled decay)."""
+    protocol, transport = setup_protocol(CNFGNN, toy_graph(), user_weight_decay=decay)
+    users, train = transport._parties["users"], protocol.cfg.train
+    before = users.common.clone()
+    users.embed()
+    users.update(torch.randn(users.features.num_users, protocol.shape.latent_dim))
+    if decay == "decoupled":
+        torch.testing.assert_close(users.common, before * (1 - train.lr * train.weight_decay))
+    else:  # Adam's first step is lr x g / (|g| + eps): the sign of the decay, at full size
+        decay = train.weight_decay * before
+        torch.testing.assert_close(users.common, before - train.lr * decay / (decay.abs() + 1e-8))
+
+
+def test_split_gat_learns_on_cora(cora):
+    """The paper's split GAT (8 heads of 16, per-head regulariser); its lr of 0.01 makes the loss fall slower."""
+    cfg = example_config(30, "model.name=gat", "model.hidden=128", "model.options.heads=8", "model.dropout=0.6",
+                         "train.lr=0.01")
+    protocol, transport, losses = train_on(cora, cfg)
+    assert_learns(losses, scored_accuracy(protocol, transport, cora), cora, fall=0.9)
 
 
 # ---- bench ---------------------------------------------------------------------------------------------------------
@@ -348,7 +469,7 @@ def test_bench_tasks_build_and_carry_table1():
     from fedgl.bench.core import variant_config
     from fedgl.bench.nfedgnn import TABLE1, TASKS
 
-    users = {"citeseer": 3327, "pubmed": 19717, "chameleon": 2277, "squirrel": 5201, "wikics": 11701}
+    users = {"citeseer": 3327, "pubmed": 19717, "chameleon": 2277, "squirrel": 5201, "wikics": 11701}  # Table 2
     for dataset, n in users.items():  # Table 1 is N x 16 (GCN) or 128 (GAT) floats x 4 B x 200 rounds, in MiB
         assert TABLE1[("nfedgnn", "gcn")][dataset] == pytest.approx(n * 16 * 800 / 2**20, abs=0.006)
         assert TABLE1[("nfedgnn", "gat")][dataset] == pytest.approx(n * 128 * 800 / 2**20, rel=3e-3)
@@ -358,15 +479,16 @@ def test_bench_tasks_build_and_carry_table1():
             assert cfg.train.rounds == (20 if task.name == "nfedgnn-pubmed-round" else 200)
 
 
-def test_bench_task_runs_and_plots_the_figure(cora, tmp_path, monkeypatch):
+def test_bench_task_runs_and_plots_the_figure(cora, data_root, tmp_path, monkeypatch):
     from fedgl.bench.core import BenchTask, run_task
-    from fedgl.bench.nfedgnn import TASKS, plot_results
+    from fedgl.bench.nfedgnn import MODELS, TASKS, plot_results
 
-    monkeypatch.setenv("FEDGL_DATA_ROOT", _root())
+    monkeypatch.setenv("FEDGL_DATA_ROOT", str(data_root))
     fig4 = TASKS["nfedgnn-fig4-gcn"]
     task = BenchTask(**{**fig4.__dict__, "variants": [v for v in fig4.variants if v.label.startswith("cora")]})
     result = run_task(task, tmp_path, quick=True, overrides={"train.rounds": 2})
     upload = {row["variant"]: row["upload_mib"]["mean"] for row in result["rows"]}
-    assert upload["cora nfedgnn"] == pytest.approx(2708 * 16 * 4 * 2 / 2**20)
-    assert upload["cora cnfgnn"] == pytest.approx(2708 * (16 + 1433 * 16) * 4 * 2 / 2**20)
+    n, f, d = cora.num_nodes, cora.num_features, MODELS["gcn"]["model.hidden"]
+    assert upload["cora nfedgnn"] == pytest.approx(n * d * 4 * 2 / 2**20)
+    assert upload["cora cnfgnn"] == pytest.approx(n * (d + f * d) * 4 * 2 / 2**20)
     assert plot_results(tmp_path).stat().st_size > 10_000

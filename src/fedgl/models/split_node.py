@@ -121,14 +121,16 @@ def support_gradient(features: UserFeatures, grad: Tensor, idx: Tensor | None, p
 class BatchedOptimizer:
     """Adam or SGD over rows owned by many users, each user with its own step count.
 
-    Each row follows ``torch.optim.Adam``/``SGD`` (L2 weight decay added to the gradient) exactly, so a
-    user's weights evolve as if it ran its own optimiser; only participating users' rows and step
-    counts change in a round.
+    Each row follows ``torch.optim.Adam``/``SGD`` exactly, so a user's weights evolve as if it ran its
+    own optimiser; only participating users' rows and step counts change in a round. Weight decay is
+    ``decoupled`` (AdamW: every step shrinks the rows by ``lr * weight_decay``, whatever the gradient's
+    scale) or coupled (L2 added to the gradient before Adam's normalisation; the same for SGD).
     """
 
     def __init__(self, param: Tensor, owner: Tensor, num_owners: int, kind: str, lr: float, weight_decay: float,
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
+                 decoupled: bool = True, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
         self.kind, self.lr, self.weight_decay, self.betas, self.eps = kind, lr, weight_decay, betas, eps
+        self.decoupled = decoupled
         self.owner = owner
         self.steps = torch.zeros(num_owners, dtype=torch.long)
         self.exp_avg = torch.zeros_like(param) if kind == "adam" else None
@@ -144,14 +146,19 @@ class BatchedOptimizer:
             self.steps += 1
             beta1, beta2 = self.betas
             adam([param], [grad], [self.exp_avg], [self.exp_avg_sq], [], [step], fused=True, amsgrad=False,
-                 beta1=beta1, beta2=beta2, lr=self.lr, weight_decay=self.weight_decay, eps=self.eps, maximize=False)
+                 beta1=beta1, beta2=beta2, lr=self.lr, weight_decay=self.weight_decay, eps=self.eps, maximize=False,
+                 decoupled_weight_decay=self.decoupled)
             return
         if owners is None:
             self.steps += 1
         else:
             self.steps[owners] += 1
         p = pick(param, idx)
-        g = grad.add_(p, alpha=self.weight_decay) if self.weight_decay else grad
+        g = grad
+        if self.weight_decay and self.decoupled:
+            p.mul_(1 - self.lr * self.weight_decay)
+        elif self.weight_decay:
+            g = grad.add_(p, alpha=self.weight_decay)
         if self.kind == "sgd":
             p.add_(g, alpha=-self.lr)
         else:

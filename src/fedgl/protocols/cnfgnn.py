@@ -23,6 +23,8 @@ MB = 2**20
 
 
 class CNFGNNOptions(SplitOptions):
+    lam: float = Field(0.0, ge=0, le=0, description="CNFGNN has no regulariser; accepted (as 0 only) so an nFedGNN "
+                                                    "config runs as CNFGNN with protocol.lam=0")
     message_mb: float = Field(
         1024, gt=0, description="largest single message of per-user models, in MiB; the model upload and "
                                 "broadcast of a large population are sent in several calls of at most this size")
@@ -32,9 +34,10 @@ class ModelSharingUsers(UserPopulation):
     """Users that also upload their whole weight and adopt the server's average.
 
     After a broadcast every user holds the same ``W``. The rows of ``W_i`` for features absent from
-    ``x_i`` receive only the weight-decay gradient, the same for every such user, so these rows and
-    their optimiser state are identical across users and kept once (``common``); each user's own
-    rows for its non-zero features live in the batched support tensor as in nFedGNN.
+    ``x_i`` get no data gradient, only the weight decay, the same for every such user, so these rows
+    and their optimiser state are identical across users and kept once (``common``); each user's own
+    rows for its non-zero features live in the batched support tensor as in nFedGNN. (With decoupled
+    decay the absent rows only shrink; with coupled decay Adam turns the decay into full steps.)
     """
 
     def __init__(self, name: str, seed: int, **kwargs: Any):
@@ -42,7 +45,7 @@ class ModelSharingUsers(UserPopulation):
         self.common = self.initial
         self.common_optimizer = BatchedOptimizer(
             self.common, torch.zeros(self.common.size(0), dtype=torch.long), 1, kwargs["train"].optimizer,
-            kwargs["train"].lr, kwargs["train"].weight_decay)
+            kwargs["train"].lr, kwargs["train"].weight_decay, kwargs["decoupled_decay"])
 
     @rpc(grad=Rows("gradient"), users="index")
     def update(self, grad: Tensor, users: Tensor | None = None) -> None:
@@ -77,8 +80,7 @@ class CNFGNN(NFedGNN):
     name = "cnfgnn"
     Options = CNFGNNOptions
     Users = ModelSharingUsers
-    lam = 0.0
-    reg_per_head = True
+    reg_per_head = True  # the penalty is reported (train_reg), never weighted
 
     def user_options(self) -> dict[str, Any]:
         return {"shared_init": True}

@@ -49,6 +49,10 @@ class SplitOptions(ProtocolOptions):
         True, description="each user divides its feature vector by its sum (the preprocessing of the GCN paper)")
     user_dropout: float = Field(
         0.0, ge=0, lt=1, description="dropout each user applies to its own features (model.dropout acts on the server)")
+    user_weight_decay: Literal["decoupled", "coupled"] = Field(
+        "decoupled", description="how each user applies train.weight_decay: decoupled (AdamW: shrink by lr x decay "
+                                 "per step, whatever the gradient's scale) or coupled (L2 added to the user's gradient "
+                                 "before Adam's normalisation, as torch.optim.Adam does)")
 
 
 class NFedGNNOptions(SplitOptions):
@@ -64,12 +68,12 @@ class UserPopulation(Party):
     """All users of the graph. Row i of every batched tensor is user i's private state."""
 
     def __init__(self, name: str, seed: int, user_x: Tensor, latent_dim: int, dropout: float, train: TrainConfig,
-                 shared_init: bool, normalize_features: bool):
+                 decoupled_decay: bool, shared_init: bool, normalize_features: bool):
         super().__init__(name, seed)
         self.features = UserFeatures.from_dense(user_x, normalize_features)
         self.weight, self.initial = init_support_weights(self.features, latent_dim, shared_init)
         self.optimizer = BatchedOptimizer(self.weight, self.features.row, self.features.num_users, train.optimizer,
-                                          train.lr, train.weight_decay)
+                                          train.lr, train.weight_decay, decoupled_decay)
         self.dropout = dropout
         self.pending: tuple[Tensor | None, Tensor | None, Tensor | None] | None = None
 
@@ -136,9 +140,11 @@ class NFedGNN(Protocol):
         self.server = build_server_model(self.shape)
         self.server_optimizer = make_optimizer(self.server.parameters(), self.cfg.train)
         self.latents = torch.zeros(part.num_nodes, self.shape.latent_dim)  # the latest latent of each user
+        self.last_stats: dict[str, float] = {}
         self.users = self.transport.spawn(self.Users, [dict(
             name="users", seed=self.cfg.seed * 100_003 + 1, user_x=part.user_x, latent_dim=self.shape.latent_dim,
             dropout=self.opts.user_dropout, train=self.cfg.train, normalize_features=self.opts.normalize_features,
+            decoupled_decay=self.opts.user_weight_decay == "decoupled",
             **self.user_options())])[0]
 
     def user_options(self) -> dict[str, Any]:
@@ -184,7 +190,12 @@ class NFedGNN(Protocol):
         loss.backward()
         self.server_optimizer.step()
         grad = z.grad if users is None else z.grad[users]
-        return {"train_loss": loss.item(), "train_ce": ce.item(), "train_reg": reg.item()}, grad
+        self.last_stats = {"train_loss": loss.item(), "train_ce": ce.item(), "train_reg": reg.item()}
+        return dict(self.last_stats), grad
+
+    def summary(self) -> dict[str, Any]:
+        """The last round's training loss, so bench tables can show whether a protocol fits its labels."""
+        return {f"final_{key}": value for key, value in self.last_stats.items()}
 
     @torch.no_grad()
     def predict(self, evaluator: Evaluator) -> Tensor:
@@ -198,6 +209,7 @@ class NFedGNN(Protocol):
             "server": self.server.state_dict(),
             "optimizer": self.server_optimizer.state_dict(),
             "latents": self.latents,
+            "last_stats": self.last_stats,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -205,3 +217,4 @@ class NFedGNN(Protocol):
         self.server.load_state_dict(state["server"])
         self.server_optimizer.load_state_dict(state["optimizer"])
         self.latents = state["latents"]
+        self.last_stats = state["last_stats"]
