@@ -26,3 +26,19 @@ def test_a_changed_number_is_caught(tmp_path: Path) -> None:
     assert "79.50" in doc.read_text() and docs.stale(tmp_path) == []
     result.unlink()
     assert docs.stale(tmp_path) == ["p.md: cites benchmarks/results/t/table.md, which is not committed"]
+
+
+def test_a_marker_may_keep_some_columns_and_rows(tmp_path: Path) -> None:
+    result = tmp_path / "benchmarks" / "results" / "t" / "table.md"
+    result.parent.mkdir(parents=True)
+    result.write_text("| variant | acc | acc (paper) | bytes |\n|---|---|---|---|\n| cora a | 81.00 | 80.1 | 3 MB |\n"
+                      "| pubmed a | 77.00 | 79.0 | 9 MB |\n")
+    doc = tmp_path / "README.md"
+    doc.write_text("<!-- table: benchmarks/results/t/table.md | variant; acc (paper); acc | rows: cora -->\n"
+                   "<!-- /table -->\n")
+    docs.sync(tmp_path)
+    assert docs.table_lines(doc.read_text()) == ["| variant | acc (paper) | acc |", "|---|---|---|",
+                                                 "| cora a | 80.1 | 81.00 |"]
+    assert docs.stale(tmp_path) == []
+    doc.write_text(doc.read_text().replace("; acc |", "; accuracy |"))
+    assert docs.stale(tmp_path) == ["README.md: the table citing benchmarks/results/t/table.md: no column accuracy"]

@@ -9,7 +9,9 @@ A documented table sits between two markers naming the committed file it copies:
     <!-- /table -->
 
 The table lines of the block (lines starting with ``|``) must equal the table lines of the cited
-file. ``python -m fedgl.bench.docs`` rewrites every block from its file after a bench run;
+file. A marker may keep some columns and rows only, for a compact table in the README:
+``<!-- table: PATH | variant; test_accuracy; test_accuracy (paper) | rows: cora -->`` keeps those
+columns (by header) of the rows whose first cell contains ``cora``. ``python -m fedgl.bench.docs`` rewrites every block from its file after a bench run;
 ``tests/test_docs.py`` fails when a block and its file differ or the file is missing, so no number
 can stay in the docs after the code stops reproducing it.
 """
@@ -21,7 +23,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
-BLOCK = re.compile(r"(<!-- table: (?P<path>\S+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
+BLOCK = re.compile(r"(<!-- table: (?P<path>\S+)(?P<select>[^\n]*?) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
 
 
 def documents(root: Path = ROOT) -> list[Path]:
@@ -32,9 +34,38 @@ def table_lines(text: str) -> list[str]:
     return [line.rstrip() for line in text.splitlines() if line.startswith("|")]
 
 
-def blocks(text: str) -> list[tuple[str, list[str]]]:
-    """(cited path, table lines) of every marked block of a document."""
-    return [(m["path"], table_lines(m["body"])) for m in BLOCK.finditer(text)]
+def cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def select(lines: list[str], selection: str) -> list[str]:
+    """The columns and rows a marker's ``| col; col | rows: text`` keeps."""
+    parts = [part.strip() for part in selection.split("|") if part.strip()]
+    columns = next((p for p in parts if not p.startswith("rows:")), None)
+    rows = next((p[len("rows:"):].strip() for p in parts if p.startswith("rows:")), None)
+    if not lines:
+        return lines
+    header = cells(lines[0])
+    keep = list(range(len(header)))
+    if columns:
+        names = [c.strip() for c in columns.split(";")]
+        missing = [n for n in names if n not in header]
+        if missing:
+            raise ValueError(f"no column {', '.join(missing)}")
+        keep = [header.index(n) for n in names]
+    body = [line for line in lines[2:] if rows is None or rows in cells(line)[0]]
+    def fmt(row: list[str]) -> str:
+        return "| " + " | ".join(row[i] for i in keep) + " |"
+    return [fmt(header), "|" + "---|" * len(keep), *(fmt(cells(line)) for line in body)]
+
+
+def blocks(text: str) -> list[tuple[str, str, list[str]]]:
+    """(cited path, selection, table lines) of every marked block of a document."""
+    return [(m["path"], m["select"], table_lines(m["body"])) for m in BLOCK.finditer(text)]
+
+
+def expected(root: Path, path: str, selection: str) -> list[str]:
+    return select(table_lines((root / path).read_text()), selection)
 
 
 def stale(root: Path = ROOT) -> list[str]:
@@ -43,12 +74,15 @@ def stale(root: Path = ROOT) -> list[str]:
     for doc in documents(root):
         if not doc.exists():
             continue
-        for path, lines in blocks(doc.read_text()):
-            source = root / path
-            if not source.exists():
+        for path, selection, lines in blocks(doc.read_text()):
+            if not (root / path).exists():
                 problems.append(f"{doc.name}: cites {path}, which is not committed")
-            elif lines != table_lines(source.read_text()):
-                problems.append(f"{doc.name}: the table citing {path} differs from it")
+                continue
+            try:
+                if lines != expected(root, path, selection):
+                    problems.append(f"{doc.name}: the table citing {path} differs from it")
+            except ValueError as err:
+                problems.append(f"{doc.name}: the table citing {path}: {err}")
     return problems
 
 
@@ -61,10 +95,9 @@ def sync(root: Path = ROOT) -> list[Path]:
         text = doc.read_text()
 
         def fill(m: re.Match) -> str:
-            source = root / m["path"]
-            if not source.exists():
+            if not (root / m["path"]).exists():
                 return m[0]
-            return m[1] + "\n".join(table_lines(source.read_text())) + "\n" + m[4]
+            return m[1] + "\n".join(expected(root, m["path"], m["select"])) + "\n" + m[5]
 
         new = BLOCK.sub(fill, text)
         if new != text:
