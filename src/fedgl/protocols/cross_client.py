@@ -16,12 +16,20 @@ calls the server relays:
    (``embedding``) with the number of rows summed (``index``); the server adds the vectors of
    each target across owners, Eq. (6), and sends one vector per target to the target's owner,
    which combines it with its local neighbours, Eq. (7), and applies the layer, Eq. (8);
-3. the training client computes the loss on its batch and returns its gradient (``gradient``).
+3. the training client computes the loss on its batch and returns its gradient (``gradient``);
+4. with ``remote_backprop`` (App. H.1), one ``backward`` call per hidden level: the gradient of
+   every received sum goes back through the server to the owners of its pairs, which backpropagate
+   it through the activations they kept; at the input level each owner returns its share of the
+   parameters' gradient, which the server adds to the trainers' gradients.
 
-Remote contributions reach the training client as detached constants: the training client's
-gradient flows through its own nodes' computation only (ARCHITECTURE.md, "Gradients through remote embeddings are stopped").
-A remote client answers a first-layer pair only if it sums at least ``min_aggregate`` non-zero
-feature rows, so no raw feature row ever leaves its owner.
+Without ``remote_backprop`` remote contributions reach the training client as constants: its
+gradient flows through its own nodes' computation only (ARCHITECTURE.md). GCN's normalisation
+D^-1/2 (A + I) D^-1/2 is split between the two ends: each owner scales its rows by
+(deg + 1)^-1/2 of their own node before summing, the target's owner scales the sum by its node's
+(deg + 1)^-1/2 (and by deg / sampled count, which is 1 with all neighbours).
+A remote client answers a first-layer pair only if it sums at least ``min_aggregate`` rows that are
+non-zero as summed (after dropout), so no raw feature row ever leaves its owner; a withheld pair
+sends its count (0) and no vector.
 """
 
 from __future__ import annotations
@@ -49,54 +57,77 @@ from .base import Protocol, ProtocolOptions
 from .horizontal_client import HorizontalClient, sample_hop
 from .routing import LayerRoute, Router
 
-SPLITTABLE = ("sage", "gin")  # element-wise aggregators: mean (GraphSAGE) and sum (GIN)
+# Element-wise aggregators: mean (GraphSAGE), sum (GIN), degree-normalised sum (GCN).
+SPLITTABLE = ("sage", "gin", "gcn")
 
 
 # ---- the backbone's layers applied to aggregates assembled elsewhere --------------------------------
-def check_model(model: ModelConfig) -> None:
+def check_model(model: ModelConfig, allowed: tuple[str, ...] = SPLITTABLE) -> None:
     name = canonical_model_name(model.name)
-    if name not in SPLITTABLE:
-        raise ConfigError(f"model.name {model.name!r} cannot be split across clients (cross-client aggregation "
-                          f"needs an element-wise aggregator); allowed: sage, gin")
+    if name not in allowed:
+        raise ConfigError(f"model.name {model.name!r} cannot be split across clients here (cross-client "
+                          f"aggregation needs an element-wise aggregator); allowed: {', '.join(allowed)}")
 
 
 def _first_linear(model: Backbone, layer: int) -> nn.Linear:
     conv = model.layers[layer]
-    return conv.lin_l if model.name == "sage" else conv.nn[0]
+    return {"sage": lambda: conv.lin_l, "gin": lambda: conv.nn[0], "gcn": lambda: conv.lin}[model.name]()
+
+
+def source_scale(model: Backbone, degree: Tensor) -> Tensor | None:
+    """GCN's source half of D^-1/2 (A + I) D^-1/2: a node's row is scaled by (deg + 1)^-1/2 by its
+    owner (who knows the node's in-degree) before it is summed; None for the other backbones."""
+    return (degree + 1).rsqrt().unsqueeze(1) if model.name == "gcn" else None
 
 
 def neigh(model: Backbone, layer: int, h: Tensor) -> Tensor:
-    """The bias-free linear map GraphSAGE and GIN apply to the neighbour aggregate of layer
+    """The bias-free linear map GraphSAGE, GIN and GCN apply to the neighbour aggregate of layer
     ``layer``. It is linear, so it is applied to each party's rows or partial sums before adding."""
     return feature_linear(h, _first_linear(model, layer).weight)
 
 
-def update(model: Backbone, layer: int, h_self: Tensor, neigh_sum: Tensor, neigh_count: Tensor) -> Tensor:
+def update(model: Backbone, layer: int, h_self: Tensor, neigh_sum: Tensor, neigh_count: Tensor,
+           degree: Tensor | None = None) -> Tensor:
     """Layer ``layer`` (as the backbone's own layer computes it) from the nodes' own (dropped-out)
-    inputs and the sum, through ``neigh``, and count of their neighbours' inputs."""
+    inputs and the sum, through ``neigh``, and count of their neighbours' inputs. GCN also needs the
+    nodes' in-degrees: its target half scales the (source-scaled) sum by (deg + 1)^-1/2 and by
+    deg / count, so a sampled sum estimates the full one and all neighbours give the exact layer."""
     conv = model.layers[layer]
-    bias = _first_linear(model, layer).bias
     if model.name == "sage":
-        out = neigh_sum / neigh_count.clamp(min=1).unsqueeze(1) + bias + feature_linear(h_self, conv.lin_r.weight)
+        out = neigh_sum / neigh_count.clamp(min=1).unsqueeze(1) + conv.lin_l.bias + \
+            feature_linear(h_self, conv.lin_r.weight)
+    elif model.name == "gcn":
+        d = degree.unsqueeze(1)
+        out = neigh_sum * (d / neigh_count.clamp(min=1).unsqueeze(1) / (d + 1).sqrt()) + \
+            neigh(model, layer, h_self) / (d + 1) + conv.bias
     else:
+        bias = conv.nn[0].bias
         out = conv.nn[2](F.relu(neigh_sum + (1 + conv.eps) * neigh(model, layer, h_self) + bias))
     return model.activation(out) if layer < model.num_layers - 1 else out
 
 
 def block_layer(model: Backbone, layer: int, h_in: Tensor, n_dst: int, src: Tensor, dst: Tensor,
                 extra_rows: Tensor | None = None, extra_sum: Tensor | None = None,
-                extra_count: Tensor | None = None) -> Tensor:
+                extra_count: Tensor | None = None, degree: Tensor | None = None) -> Tensor:
     """Layer ``layer`` for the first ``n_dst`` rows of ``h_in`` (the layer's input, after dropout)
     from edges src -> dst (positions), plus partial sums of input rows (and their row counts)
-    received from other parties for rows ``extra_rows``."""
+    received from other parties for rows ``extra_rows``; ``degree``: in-degrees of ``h_in``'s rows
+    (GCN only; received sums come source-scaled)."""
     projected = neigh(model, layer, h_in)
+    if model.name == "gcn":
+        projected = projected * source_scale(model, degree)
     total = torch.zeros(n_dst, projected.size(1)).index_add(0, dst, projected[src])
     count = torch.bincount(dst, minlength=n_dst).float()
     if extra_rows is not None and extra_rows.numel():
         total = total.index_add(0, extra_rows, neigh(model, layer, extra_sum))
         count = count.index_add(0, extra_rows, extra_count.float())
     own = h_in[:n_dst] if h_in.layout == torch.strided else select_rows(h_in, torch.arange(n_dst))
-    return update(model, layer, own, total, count)
+    return update(model, layer, own, total, count, None if degree is None else degree[:n_dst])
+
+
+def _grad(t: Tensor) -> Tensor:
+    """The gradient accumulated in ``t`` (zeros where nothing reached it)."""
+    return t.grad.detach().clone() if t.grad is not None else torch.zeros_like(t.detach())
 
 
 def dense_rows(h: Tensor, index: Tensor) -> Tensor:
@@ -116,6 +147,7 @@ class Plan:
     """
 
     grad: bool
+    degree: Tensor  # in-degree of every local node in the graph sampled from (GCN's normalisation)
     nodes: dict[int, Tensor] = field(default_factory=dict)
     picks: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)  # layer -> (dst pos, local nbr id)
     incoming: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)  # layer -> (local id, pair id)
@@ -126,6 +158,7 @@ class Plan:
     remote_rows: dict[int, Tensor] = field(default_factory=dict)
     remote_sum: dict[int, Tensor] = field(default_factory=dict)
     remote_count: dict[int, Tensor] = field(default_factory=dict)
+    sent: dict[int, Tensor] = field(default_factory=dict)  # sums served for layer l, kept for remote backprop
     h: dict[int, Tensor] = field(default_factory=dict)
     h_in: dict[int, Tensor] = field(default_factory=dict)
 
@@ -158,7 +191,7 @@ class Plan:
                     self.h[level] = block_layer(
                         model, level - 1, self.inputs(level - 1, model, x), self.nodes[level].numel(),
                         self.src[level], self.dst[level], self.remote_rows.get(level),
-                        self.remote_sum.get(level), self.remote_count.get(level))
+                        self.remote_sum.get(level), self.remote_count.get(level), self.degree[self.nodes[level - 1]])
         return self.h[level]
 
     def inputs(self, level: int, model: Backbone, x: Tensor) -> Tensor:
@@ -172,7 +205,7 @@ class Plan:
 
     def reusable(self) -> "Plan":
         """The same sampled neighbourhood with its received remote sums, for recomputation later."""
-        return Plan(True, nodes=dict(self.nodes), src=dict(self.src), dst=dict(self.dst),
+        return Plan(True, self.degree, nodes=dict(self.nodes), src=dict(self.src), dst=dict(self.dst),
                     remote_rows=dict(self.remote_rows), remote_sum=dict(self.remote_sum),
                     remote_count=dict(self.remote_count))
 
@@ -183,13 +216,15 @@ class CrossClient(HorizontalClient):
 
     def __init__(self, name: str, seed: int, shard: Any, model: ModelConfig, train: TrainConfig,
                  num_features: int, num_classes: int, batch_size: int | None, fanouts: list[int],
-                 min_aggregate: int = 2):
+                 min_aggregate: int = 2, remote_backprop: bool = False):
         super().__init__(name, seed, shard, model, num_features, num_classes)
         self.train_cfg = train
         self.batch_size = batch_size
         self.fanouts = list(fanouts)
         self.min_aggregate = min_aggregate
-        self.nonzero = (self.x != 0).any(dim=1)
+        self.remote_backprop = remote_backprop
+        n = self.x.size(0)
+        self.degree = {"local": self.local_csr.rowptr.diff().float(), "full": self.full_csr.rowptr.diff()[:n].float()}
         self.plans: dict[str, Plan] = {}
         self.reuse: Plan | None = None
         self.optimizer: torch.optim.Optimizer | None = None
@@ -218,7 +253,7 @@ class CrossClient(HorizontalClient):
         return {"targets": targets, "ids": self.remote_ids[col[~local] - n]}
 
     def _own_plan(self, csr: CSR) -> tuple[Plan, dict[str, Tensor]]:
-        plan = Plan(grad=True)
+        plan = Plan(True, self.degree["full" if csr is self.full_csr else "local"])
         plan.nodes[self.levels] = self._batch()
         return plan, self._sample(plan, self.levels, csr)
 
@@ -234,10 +269,11 @@ class CrossClient(HorizontalClient):
         out = plan.embeddings(self.levels, self.model, self.features)
         return F.cross_entropy(out, self.y[plan.nodes[self.levels]])
 
-    def _gradient(self, plan: Plan) -> dict[str, Any]:
+    def _gradient(self, plan: Plan, retain: bool = False) -> dict[str, Any]:
+        """Loss and parameter gradient on ``plan``'s batch (``retain``: keep the graph for remote backprop)."""
         self.model.zero_grad(set_to_none=False)
         loss = self._loss(plan)
-        loss.backward()
+        loss.backward(retain_graph=retain)
         grads = {name: p.grad.detach().clone() for name, p in self.model.named_parameters()}
         return {"gradient": grads, "loss": float(loss.detach())}
 
@@ -251,7 +287,9 @@ class CrossClient(HorizontalClient):
         self.plans = {}
         if self.train_idx.numel() == 0:
             return {}
-        if mode == "reuse" and self.reuse is not None:
+        if mode == "reuse":  # never a silent fallback to local training
+            if self.reuse is None:
+                raise RuntimeError(f"{self.name} has no cross-client neighbourhood to reuse; sample one first")
             return self._gradient(self.reuse.reusable())
         if mode != "cross":
             return self._gradient(self._local_plan())
@@ -283,39 +321,70 @@ class CrossClient(HorizontalClient):
             if layer not in plan.serve_pair:
                 continue
             pair, src = plan.serve_pair[layer], plan.serve_src[layer]
-            rows = dense_rows(plan.inputs(layer - 1, self.model, self.features).detach(), src)
+            backprop = self.remote_backprop and layer > 1  # raw features (layer 1) have no gradient
+            h_in = plan.inputs(layer - 1, self.model, self.features)
+            rows = dense_rows(h_in if backprop else h_in.detach(), src)
+            scale = source_scale(self.model, plan.degree[plan.nodes[layer - 1][src]])
+            rows = rows if scale is None else rows * scale
             npairs = int(pair.max()) + 1
             total = torch.zeros(npairs, rows.size(1)).index_add_(0, pair, rows)
             size = torch.bincount(pair, minlength=npairs)
             if layer == 1 and self.min_aggregate > 1:
-                # Raw features leave only inside sums of at least ``min_aggregate`` non-zero rows.
-                nonzero = torch.bincount(pair, weights=self.nonzero[plan.nodes[0][src]].double(), minlength=npairs)
-                withheld = nonzero < self.min_aggregate
-                total[withheld] = 0
-                size[withheld] = 0
-            sums[trainer], sizes[trainer] = total, size
+                # Raw features leave only inside sums of at least ``min_aggregate`` rows that are
+                # non-zero as summed (after dropout); a withheld pair sends count 0 and no vector.
+                nonzero = torch.bincount(pair, weights=(rows != 0).any(1).double(), minlength=npairs)
+                size[nonzero < self.min_aggregate] = 0
+                total = total[size > 0]
+            if backprop:
+                plan.sent[layer] = total
+            sums[trainer], sizes[trainer] = total.detach(), size
         return {"sums": sums, "counts": sizes}
 
     @rpc(remote="embedding", counts="index", returns={"gradient": "gradient", "loss": "control"})
     def finish(self, remote: dict[str, Tensor], counts: dict[str, Tensor], keep: bool = False) -> dict[str, Any]:
         """Eq. (7)-(8) on the batch with the last layer's cross-owner sums; return the gradient."""
         self._store(self.levels, remote, counts)
-        plan = self.plans.pop(self.name)
-        out = self._gradient(plan)
+        plan = self.plans[self.name]
+        out = self._gradient(plan, retain=self.remote_backprop)
         if keep:
             self.reuse = plan.reusable()
-        self.plans = {}
+        if not self.remote_backprop:
+            self.plans = {}
         return out
+
+    @rpc(grads="gradient", returns={"sums": "gradient", "gradient": "gradient"})
+    def backward(self, level: int, grads: dict[str, Tensor] | None = None) -> dict[str, Any]:
+        """App. H.1, one level down: backpropagate the gradients of the sums this owner served for
+        layer ``level + 1``; return the gradients of the cross-owner sums it received for level
+        ``level`` or, at level 1, its share of the parameters' gradient (and release the plans)."""
+        if level == self.levels:
+            self.model.zero_grad(set_to_none=True)  # the trainer's own share went up with ``finish``
+        for trainer, grad in (grads or {}).items():
+            torch.autograd.backward(self.plans[trainer].sent[level + 1], grad, retain_graph=True)
+        if level > 1:
+            return {"sums": {trainer: _grad(plan.remote_sum[level]) for trainer, plan in self.plans.items()
+                             if level in plan.remote_sum and plan.remote_sum[level].requires_grad}}
+        self.plans = {}
+        params = dict(self.model.named_parameters())
+        if all(p.grad is None for p in params.values()):
+            return {}
+        return {"gradient": {name: _grad(p) for name, p in params.items()}}
 
     def _receive(self, layer: int, incoming: dict[str, dict[str, Tensor]]) -> None:
         for trainer, msg in incoming.items():
-            plan = self.plans.setdefault(trainer, Plan(grad=trainer == self.name))
+            grad = trainer == self.name or self.remote_backprop
+            plan = self.plans.setdefault(trainer, Plan(grad, self.degree["full"]))
             plan.incoming[layer] = (msg["u"], msg["pair"])
 
     def _store(self, layer: int, remote: dict[str, Tensor], counts: dict[str, Tensor]) -> None:
+        """Keep the cross-owner sums of level ``layer``: one count per target with remote picks, one
+        vector per target whose count is not zero (targets whose every pair was withheld get none)."""
         for trainer, rows in remote.items():
-            plan = self.plans[trainer]
-            plan.remote_sum[layer], plan.remote_count[layer] = rows, counts[trainer]
+            plan, count = self.plans[trainer], counts[trainer]
+            plan.remote_rows[layer] = plan.remote_rows[layer][count > 0]
+            if self.remote_backprop and layer > 1:
+                rows.requires_grad_(True)  # its gradient goes back to the owners (``backward``)
+            plan.remote_sum[layer], plan.remote_count[layer] = rows, count[count > 0]
 
 
 # ---- the protocol base ------------------------------------------------------------------------------
@@ -333,8 +402,11 @@ class MiniBatchOptions(ProtocolOptions):
 
 
 class CrossClientOptions(MiniBatchOptions):
-    min_aggregate: int = Field(2, ge=1, description="fewest non-zero feature rows a remote client sums into "
-                                                     "one first-layer vector (1 allows single rows)")
+    min_aggregate: int = Field(2, ge=1, description="fewest rows, non-zero after dropout, a remote client sums "
+                                                     "into one first-layer vector; fewer: no vector, count 0 "
+                                                     "(1 allows single rows)")
+    remote_backprop: bool = Field(False, description="send the gradients of the remote partial sums back to "
+                                                     "their owners (App. H.1) instead of holding them constant")
 
 
 class CrossClientProtocol(Protocol):
@@ -344,10 +416,15 @@ class CrossClientProtocol(Protocol):
     scenario = "horizontal"
     Options = CrossClientOptions
     client_class: type[CrossClient] = CrossClient
+    models: tuple[str, ...] = SPLITTABLE
+    # The calls (and their kinds; None = all) whose traffic exists only because of cross-client
+    # neighbours: sampled ids, partial sums, counts and remote gradients, never the model exchange.
+    cross_traffic: dict[str, tuple[str, ...] | None] = {
+        "begin": ("index",), "route": None, "propagate": None, "finish": ("embedding", "index"), "backward": None}
 
     def setup(self, data: Data) -> None:
         cfg = self.cfg
-        check_model(cfg.model)
+        check_model(cfg.model, self.models)
         if len(self.opts.fanouts) != cfg.model.layers:
             raise ConfigError(f"protocol.fanouts has {len(self.opts.fanouts)} entries but model.layers is "
                               f"{cfg.model.layers}; give one fanout per layer")
@@ -363,6 +440,7 @@ class CrossClientProtocol(Protocol):
         ])
         self.router = Router(part.owner, part.local_index, self.clients)
         self.levels = cfg.model.layers
+        self.first_layer = dict.fromkeys(("pairs", "withheld_pairs", "picks", "withheld_picks"), 0)
 
     def server_optimizer(self) -> torch.optim.Optimizer:
         return make_optimizer(self.model.parameters(), self.cfg.train)
@@ -371,7 +449,7 @@ class CrossClientProtocol(Protocol):
         options = dict(model=self.cfg.model, train=self.cfg.train, num_features=data.num_features,
                        num_classes=int(data.num_classes), batch_size=self.opts.batch_size, fanouts=self.opts.fanouts)
         if isinstance(self.opts, CrossClientOptions):
-            options["min_aggregate"] = self.opts.min_aggregate
+            options |= {"min_aggregate": self.opts.min_aggregate, "remote_backprop": self.opts.remote_backprop}
         return options
 
     # ---- one iteration ---------------------------------------------------------------------------
@@ -382,13 +460,17 @@ class CrossClientProtocol(Protocol):
         replies = self.transport.call_many(self.clients, "begin", per_target=[{"mode": m} for m in modes], state=state)
         results = [r for r in replies if "gradient" in r]
         trainers = {name: r for name, r, m in zip(self.clients, replies, modes) if m == "cross" and "targets" in r}
+        remote_share = None
         if trainers:
-            results += self.cross_chain(trainers, keep)
-        return self.apply(results)
+            crossed, remote_share = self.cross_chain(trainers, keep)
+            results += crossed
+        return self.apply(results, remote_share)
 
-    def cross_chain(self, trainers: dict[str, dict[str, Tensor]], keep: bool) -> list[dict[str, Any]]:
+    def cross_chain(self, trainers: dict[str, dict[str, Tensor]], keep: bool
+                    ) -> tuple[list[dict[str, Any]], dict[str, Tensor] | None]:
         """Algorithm 2 for all ``trainers`` at once (their first-hop picks given): sampling down the
-        levels, one aggregation phase per layer, then each trainer's loss and gradient."""
+        levels, one aggregation phase per layer, then each trainer's loss and gradient; with
+        ``remote_backprop``, also the remote owners' summed share of the gradients."""
         picks = {name: {name: reply} for name, reply in trainers.items()}
         active = list(trainers)
         routes: dict[int, dict[str, LayerRoute]] = {}
@@ -406,24 +488,52 @@ class CrossClientProtocol(Protocol):
                     picks.setdefault(trainer, {})[c] = p
         remote: dict[str, dict] = {}
         counts: dict[str, dict] = {}
+        sizes: dict[int, dict[str, dict]] = {}  # per layer: {owner: {trainer: row count per pair}}
+        down: dict[int, dict[str, dict]] = {}  # per layer: {target owner: {trainer: row count per target}}
         for layer in range(1, self.levels + 1):
             # Owners serving pairs of this layer, and owners due the sums of the layer below.
             targets = [c for c in active if c in requests[layer] or c in remote]
             replies = dict(zip(targets, self.transport.call_many(targets, "propagate", per_target=[
                 {"incoming": requests[1].get(c) if layer == 1 else None, "remote": remote.get(c),
                  "counts": counts.get(c)} for c in targets], layer=layer)))
+            if layer == 1:
+                self.count_withheld(requests[1], replies)
             remote, counts = self.router.combine(routes[layer], replies)
+            sizes[layer], down[layer] = {c: r["counts"] for c, r in replies.items()}, counts
         names = list(trainers)
-        return [r for r in self.transport.call_many(names, "finish", per_target=[
+        results = [r for r in self.transport.call_many(names, "finish", per_target=[
             {"remote": remote.get(c, {}), "counts": counts.get(c, {})} for c in names], keep=keep) if "gradient" in r]
+        if not (getattr(self.opts, "remote_backprop", False) and self.levels > 1):
+            return results, None
+        grads: dict[str, dict] = {}
+        for level in range(self.levels, 0, -1):
+            replies = self.transport.call_many(active, "backward", per_target=[
+                {"grads": grads.get(c)} for c in active], level=level)
+            if level > 1:
+                grads = self.router.scatter(routes[level], {c: r["sums"] for c, r in zip(active, replies)},
+                                            down[level], sizes[level])
+        shares = [r["gradient"] for r in replies if "gradient" in r]
+        return results, {name: sum(s[name] for s in shares) for name in shares[0]} if shares else None
 
-    def apply(self, results: list[dict[str, Any]]) -> dict[str, float]:
-        """θ ← θ − α · mean of the clients' gradients (through the configured optimiser)."""
+    def count_withheld(self, requests: dict[str, dict], replies: dict[str, dict]) -> None:
+        """First-layer pairs (and the picks in them) that their owner withheld (count 0)."""
+        for owner, reply in replies.items():
+            for trainer, size in reply["counts"].items():
+                picks = torch.bincount(requests[owner][trainer]["pair"], minlength=size.numel())
+                self.first_layer["pairs"] += size.numel()
+                self.first_layer["withheld_pairs"] += int((size == 0).sum())
+                self.first_layer["picks"] += int(picks.sum())
+                self.first_layer["withheld_picks"] += int(picks[size == 0].sum())
+
+    def apply(self, results: list[dict[str, Any]], remote_share: dict[str, Tensor] | None = None) -> dict[str, float]:
+        """θ ← θ − α · mean of the clients' gradients (through the configured optimiser); a trainer's
+        gradient includes the remote owners' share when they backpropagate (summed over trainers)."""
         if not results:
             return {"train_loss": math.nan}
         self.optimizer.zero_grad()
         for name, p in self.model.named_parameters():
-            p.grad = torch.stack([r["gradient"][name] for r in results]).mean(0)
+            total = torch.stack([r["gradient"][name] for r in results]).sum(0)
+            p.grad = (total + remote_share[name] if remote_share else total) / len(results)
         self.optimizer.step()
         return {"train_loss": sum(r["loss"] for r in results) / len(results), "clients": float(len(results))}
 
@@ -431,10 +541,30 @@ class CrossClientProtocol(Protocol):
     def predict(self, evaluator: Evaluator) -> Tensor:
         return evaluator.full_graph_logits(self.model, self.cfg.model.name)
 
+    def summary(self) -> dict[str, Any]:
+        """Cross-client bytes (``cross_traffic``), the iterations in which they moved, and the share
+        of first-layer remote pairs and picks withheld by ``min_aggregate``."""
+        per_round: dict[int, int] = {}
+        for row in self.transport.ledger.rows():
+            if row["kind"] == "eval" or row["method"] not in self.cross_traffic:
+                continue
+            kinds = self.cross_traffic[row["method"]]
+            if kinds is None or row["kind"] in kinds:
+                per_round[row["round"]] = per_round.get(row["round"], 0) + row["bytes"]
+        first = self.first_layer
+        return {
+            "bytes_cross_client": sum(per_round.values()),
+            "cross_client_iterations": sum(1 for b in per_round.values() if b),
+            "withheld_pair_fraction": first["withheld_pairs"] / first["pairs"] if first["pairs"] else None,
+            "withheld_pick_fraction": first["withheld_picks"] / first["picks"] if first["picks"] else None,
+        }
+
     def state_dict(self) -> dict[str, Any]:
-        return super().state_dict() | {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        return super().state_dict() | {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                                       "first_layer": dict(self.first_layer)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        self.first_layer = dict(state["first_layer"])

@@ -7,8 +7,12 @@ under the current parameters. Gradients are averaged every iteration, as in Swif
 
 The sampling iterations are t_0 = 0 and t_{j+1} = t_j + max(min_interval,
 ceil(initial_interval * decay^j)): long reuse periods early, sampling every ``min_interval``
-iterations late. Cross-client sums travel as in Swift-FedGNN (aggregated per target and owner)
-rather than as raw neighbour features, so the raw features stay with their owners here too.
+iterations late. The paper only says that FedGNN-PNS "increases the frequency of graph data
+communication" as training progresses (Appendix D.1); the original derives its interval from a
+convergence/runtime trade-off that neither swift-fedgnn.txt nor implementation-facts.md gives. The
+defaults (20, 0.8, 2) are therefore our assumption, not a published setting. Cross-client sums
+travel as in Swift-FedGNN (aggregated per target and owner) rather than as raw neighbour features,
+so the raw features stay with their owners here too.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from .cross_client import CrossClientOptions, CrossClientProtocol
 
 
 class PNSOptions(CrossClientOptions):
+    # Assumed constants (no published values; see the module docstring).
     initial_interval: int = Field(20, ge=1, description="iterations between the first two samplings")
     decay: float = Field(0.8, gt=0, le=1, description="factor shrinking the interval after each sampling")
     min_interval: int = Field(2, ge=1, description="shortest interval between samplings")

@@ -9,7 +9,8 @@ training"), the loss on the training nodes among them.
 
 LLCG was designed for a data centre whose server holds the graph. Here the server holds only the
 routing table, so for each correction it asks the owners for the neighbour lists (``index``), the
-raw feature rows of the sampled nodes (``embedding``) and the labels of the batch (``label``):
+raw feature rows of the sampled nodes (``embedding``) and the labels of the batch's training
+nodes (``label``; validation and test labels stay with their owners):
 this is what makes LLCG's correction costly, and unlike the Swift-FedGNN family it reveals raw
 features to the (trusted) server.
 """
@@ -76,15 +77,20 @@ class LLCGClient(CrossClient):
         ids[~local] = self.remote_ids[col[~local] - n]
         return {"count": torch.bincount(pos, minlength=nodes.numel()), "ids": ids}
 
-    @rpc(features="index", labels="index", returns={"x": "embedding", "y": "label", "train": "label"})
+    @rpc(features="index", labels="index", returns={"x": "embedding", "y": "label", "train": "index"})
     def rows(self, features: Tensor, labels: Tensor) -> dict[str, Tensor]:
-        return {"x": self.x[features], "y": self.y[labels], "train": self.train_mask[labels]}
+        """Feature rows of the sampled nodes ``features``; labels only of the training nodes among
+        ``labels`` (their positions in ``train``): validation and test labels never leave the client."""
+        train = self.train_mask[labels].nonzero().flatten()
+        return {"x": self.x[features], "train": train, "y": self.y[labels[train]]}
 
 
 class LLCG(CrossClientProtocol):
     name = "llcg"
     Options = LLCGOptions
     client_class = LLCGClient
+    cross_traffic = {"neighbours": None, "rows": None}  # the correction's fetches from the owners
+    models = ("sage", "gin")  # the correction has no node degrees for GCN's normalisation
 
     def setup(self, data) -> None:
         fanouts = self.opts.server_fanouts
@@ -137,10 +143,11 @@ class LLCG(CrossClientProtocol):
             {"features": local_index[frontier[idx]], "labels": local_index[frontier[b]]}
             for idx, b in zip(requests, in_batch)])
         x = torch.empty(frontier.numel(), replies[0]["x"].size(1))
-        y = torch.empty(batch.numel(), dtype=torch.long)
-        train = torch.empty(batch.numel(), dtype=torch.bool)
+        y = torch.full((batch.numel(),), -1, dtype=torch.long)
         for idx, b, r in zip(requests, in_batch, replies):
-            x[idx], y[b], train[b] = r["x"], r["y"], r["train"]
+            x[idx] = r["x"]
+            y[b[r["train"]]] = r["y"]
+        train = y >= 0
         if not train.any():
             return float("nan")
         self.model.train()

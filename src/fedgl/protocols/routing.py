@@ -61,7 +61,9 @@ class Router:
         return requests, routes
 
     def combine(self, routes: dict[str, LayerRoute], replies: dict[str, dict]) -> tuple[dict, dict]:
-        """Eq. (6): add each target's partial sums over owners; return {owner: {trainer: rows}} and counts."""
+        """Eq. (6): add each target's partial sums over owners; return {owner: {trainer: rows}} and counts.
+
+        Counts cover every pair and target; vectors only those whose count is not zero."""
         remote: dict[str, dict[str, Tensor]] = {}
         counts: dict[str, dict[str, Tensor]] = {}
         for trainer, route in routes.items():
@@ -69,11 +71,32 @@ class Router:
             sums = torch.cat([replies[c]["sums"][trainer] for c in owners])
             sizes = torch.cat([replies[c]["counts"][trainer] for c in owners])
             n_targets = int(route.target_counts.sum())
-            total = torch.zeros(n_targets, sums.size(1)).index_add_(0, route.target_of_pair, sums)
+            # A pair with count 0 (withheld) carries no vector: its owner left its row out.
+            total = torch.zeros(n_targets, sums.size(1)).index_add_(0, route.target_of_pair[sizes > 0], sums)
             size = torch.zeros(n_targets, dtype=torch.long).index_add_(0, route.target_of_pair, sizes)
             for c, rows, cnt in zip(self.names, total.split(route.target_counts.tolist()),
                                     size.split(route.target_counts.tolist())):
-                if rows.numel():
-                    remote.setdefault(c, {})[trainer] = rows
+                if cnt.numel():
+                    remote.setdefault(c, {})[trainer] = rows[cnt > 0]
                     counts.setdefault(c, {})[trainer] = cnt
         return remote, counts
+
+    def scatter(self, routes: dict[str, LayerRoute], grads: dict[str, dict[str, Tensor]],
+                counts: dict[str, dict[str, Tensor]], sizes: dict[str, dict[str, Tensor]]) -> dict[str, dict]:
+        """The transpose of ``combine`` (remote backprop): each target's gradient, from the target's
+        owner, goes to every pair summed into it. ``counts``/``sizes`` are the row counts ``combine``
+        sent per target and received per pair; rows exist only where they are not zero."""
+        out: dict[str, dict[str, Tensor]] = {}
+        for trainer, route in routes.items():
+            held = [(c, counts[c][trainer]) for c in self.names if trainer in counts.get(c, {})]
+            if not any(trainer in grads.get(c, {}) for c, _ in held):
+                continue
+            per_target = torch.cat([torch.zeros(cnt.numel(), grads[c][trainer].size(1)).index_copy_(
+                0, (cnt > 0).nonzero().flatten(), grads[c][trainer]) for c, cnt in held])
+            pair_grad = per_target[route.target_of_pair]
+            owners = route.pair_counts.nonzero().flatten().tolist()
+            for c, rows in zip(owners, pair_grad.split(route.pair_counts[owners].tolist())):
+                name = self.names[c]
+                out.setdefault(name, {})[trainer] = rows[sizes[name][trainer] > 0]
+        return out
+
