@@ -2,8 +2,8 @@
 
 Each round the server samples a fraction of the clients, sends them the global model, each trains
 ``local_epochs`` on its own subgraph (cross-client edges are invisible to it) and returns its model;
-the server averages them weighted by training-node count. This is FedSage in swift-fedgnn.txt and
-FedLocal in fedaas.txt.
+the server averages them weighted by training-node count: FedLocal-style local-only training (the
+Swift paper's FedSage is ``swift`` with ``K: 0``, which keeps Swift's batches and gradient averaging).
 
 Clients are parties of their own (``FedAvgClient``) or members of a ``FedAvgGroup``, a party that
 trains several GCN/GraphSAGE clients as one batched computation (``protocols/fedavg_group.py``) with the
