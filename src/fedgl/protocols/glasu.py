@@ -10,9 +10,15 @@ client takes Q local steps that reuse the stored "all but m" representation H_{-
 server (Algorithm 4). With one label holder, the holder's gradient with respect to H[L] is broadcast
 through the server (Appendix B.2, Algorithms 5-7). The server holds no parameters.
 
+``backward: exact`` replaces the local updates by split learning as in the paper's reference [9]: the
+server back-propagates the loss through every aggregation it performed and sends each client the
+gradient of its H_m^+, level by level down to the first aggregation, so every update is the exact
+gradient of the joint model.
+
 The paper's baselines are configurations of this class (see docs/glasu.md): centralized (one client,
-all edges), standalone (K = 0: clients never communicate), simulated centralized (every client keeps
-every edge, K = L) and the special cases of Section 3.5 (K = 1, K = L, ``graph: false``).
+all edges: a single party, so no message at all), standalone (K = 0: clients never communicate),
+simulated centralized (every client keeps every edge, K = L, exact backward) and the special cases of
+Section 3.5 (K = 1, K = L, ``graph: false``).
 """
 
 from __future__ import annotations
@@ -58,6 +64,10 @@ class GlasuOptions(ProtocolOptions):
     agg_layers: list[int] | None = Field(None, description="explicit aggregation layers I (1-based, must hold the "
                                                            "last layer L); overrides the uniform spacing")
     Q: int = Field(4, ge=1, description="local updates per joint inference (stale updates; 1 = none)")
+    backward: Literal["local", "exact"] = Field(
+        "local", description="local: each client differentiates its own loss with the others' representations "
+                             "held fixed (GLASU); exact: split learning ([9]), the server back-propagates "
+                             "through every aggregation and returns each client its gradient (needs Q = 1)")
     S: int = Field(16, ge=1, description="mini-batch size: training nodes per GLASU round")
     batches: int = Field(16, ge=1, description="GLASU rounds (mini-batches) per training round (between evaluations)")
     fanout: int | list[int] = Field(3, description="sampled neighbours per node (layerwise: on average); one value or "
@@ -86,6 +96,8 @@ class GlasuOptions(ProtocolOptions):
                 raise ValueError(f"K={self.K} disagrees with agg_layers {self.agg_layers}")
             if not self.agg_layers or min(self.agg_layers) < 1 or len(set(self.agg_layers)) != len(self.agg_layers):
                 raise ValueError("agg_layers must be distinct layer numbers >= 1 (1-based)")
+        if self.backward == "exact" and (self.Q != 1 or self.K == 0):
+            raise ValueError(f"backward exact is split learning: it needs Q=1 and K>=1, got Q={self.Q}, K={self.K}")
         return self
 
 
@@ -154,6 +166,7 @@ class GlasuClient(Party):
                              model.layers, model.dropout, options, wide, num_clients)
         self.optimizer = make_optimizer(self.net.parameters(), train)
         self.rounds_done = 0
+        self.last_loss: float | None = None
         self._full = None
         self._eval: ForwardPass | None = None
         self._reset()
@@ -166,6 +179,8 @@ class GlasuClient(Party):
         self.own: Tensor | None = None  # H_m^+ at the current aggregation level, with its graph
         self.rest: dict[int, Tensor] = {}  # H_{-m} per aggregation level
         self.pending: float | None = None  # the label holder's first-step loss, already backpropagated
+        self.sent: dict[int, Tensor] = {}  # exact backward: H_m^+ per aggregation level, with its graph
+        self.received: dict[int, Tensor] = {}  # exact backward: the aggregate H per level, a leaf
 
     def _draw(self) -> Tensor:
         return self.train_nodes[torch.randperm(self.train_nodes.numel())[: self.opts["S"]]]
@@ -216,16 +231,25 @@ class GlasuClient(Party):
             self._take(targets)
             self._descend(0)
             self.net.train()
+            self.optimizer.zero_grad()  # the exact backward accumulates over several calls
             self.run = ForwardPass(self.net, self._plan(), self.features.select(self.sets[0]))
         else:
             self._settle(h)
         self.own = self.run.run_to(min(level for level in self.levels if level > self.run.level))
+        if self.opts["backward"] == "exact":
+            self.sent[self.run.level] = self.own
         return self.own.detach()
 
     def _settle(self, h: Tensor) -> Tensor:
         """Keep H_{-m} = Extract(H, H_m^+) and continue from Agg(H_{-m}, H_m^+) (equal to H, with
-        gradients reaching this client's own sub-layers only)."""
+        gradients reaching this client's own sub-layers only). With the exact backward, continue from H
+        itself, whose gradient goes back to the server."""
         level = self.run.level
+        if self.opts["backward"] == "exact":
+            h = h.detach().requires_grad_()  # a leaf of this client's own (a Ray host shares one h among its parties)
+            self.received[level] = h
+            self.run.resume(h)
+            return h
         rest = extract(h, self.own.detach(), self.index, self.num_clients, self.opts["aggregation"])
         self.rest[level] = rest
         mine = combine(rest, self.own, self.index, self.num_clients, self.opts["aggregation"])
@@ -248,6 +272,22 @@ class GlasuClient(Party):
         loss.backward()
         self.pending = loss.item()
         return {"grad": top.grad.detach(), "loss": self.pending}
+
+    @rpc(grad="gradient", returns="gradient")
+    def backward(self, grad: Tensor) -> Tensor | None:
+        """Split learning ([9]): back-propagate the server's gradient for H_m^+ at the highest pending
+        aggregation level through this client's sub-layers; return the gradient for the aggregate H this
+        segment started from, or, at the bottom, take the optimiser step and return nothing."""
+        level = max(self.sent)
+        own = self.sent.pop(level)
+        start = max((below for below in self.received if below < level), default=None)
+        own.backward(grad, retain_graph=start is not None)  # lower segments share the level-0 graph (GCNII)
+        if start is None:
+            self.optimizer.step()
+            self._finish_round()
+            return None
+        h = self.received.pop(start)
+        return h.grad if h.grad is not None else torch.zeros_like(h)
 
     @rpc(h="embedding", grad="gradient", returns={"loss": "control"})
     def local_update(self, h: Tensor | None = None, grad: Tensor | None = None) -> dict[str, float]:
@@ -275,9 +315,11 @@ class GlasuClient(Party):
         self._finish_round()
         return {"loss": sum(losses) / len(losses)}
 
-    @rpc(returns="control")
-    def train_alone(self) -> float:
-        """Standalone training (K = 0): ``batches`` mini-batches of Q steps on local data, no messages."""
+    @rpc()
+    def train_alone(self) -> None:
+        """Training on local data only (standalone, K = 0, or the single client of a centralized run):
+        ``batches`` mini-batches of Q steps, no messages. With one client every aggregation is the
+        identity, so this is exactly GLASU with M = 1."""
         losses = []
         self.net.train()
         for _ in range(self.opts["batches"]):
@@ -292,7 +334,12 @@ class GlasuClient(Party):
                 self.optimizer.step()
                 losses.append(loss.item())
             self._finish_round()
-        return sum(losses) / len(losses)
+        self.last_loss = sum(losses) / len(losses)
+
+    @rpc(returns="control")
+    def training_loss(self) -> float:
+        """The mean loss of the last ``train_alone`` call, read by the harness as monitoring traffic."""
+        return self.last_loss
 
     def _finish_round(self) -> None:
         self._reset()
@@ -356,11 +403,14 @@ class Glasu(Protocol):
         self.partition_stats = part.stats
         settings = {"S": opts.S, "Q": opts.Q, "batches": opts.batches, "sampling": opts.sampling,
                     "adjacency": opts.adjacency, "aggregation": opts.aggregation, "graph": opts.graph,
-                    "lr_decay_every": opts.lr_decay_every, "lr_decay": opts.lr_decay}
+                    "backward": opts.backward, "lr_decay_every": opts.lr_decay_every, "lr_decay": opts.lr_decay}
+        # One client (centralized) holds everything: every aggregation is the identity, nothing is sent.
+        self.alone = not self.levels or M == 1
         self.clients = self.transport.spawn(GlasuClient, [
             dict(name=f"client{m}", seed=cfg.seed * 100_003 + m + 1, index=m, num_clients=M, x=shard.x,
                  edge_index=shard.edge_index, y=shard.y, train_mask=shard.train_mask, model=model, train=cfg.train,
-                 num_classes=part.num_classes, levels=self.levels, fanouts=fanouts, opts=settings)
+                 num_classes=part.num_classes, levels=[] if self.alone else self.levels, fanouts=fanouts,
+                 opts=settings)
             for m, shard in enumerate(part.shards)
         ])
         # Algorithm 2: with labels everywhere the server draws the mini-batches, so it knows the training ids.
@@ -370,12 +420,14 @@ class Glasu(Protocol):
         elif self.holder is not None:
             self.heads = [self.clients[self.holder]]
         else:
-            self.heads = self.clients if self.levels else self.clients[:1]
+            self.heads = self.clients[:1] if self.alone else self.clients
 
     # ---- training ---------------------------------------------------------------------------------
     def train_round(self, round_index: int) -> dict[str, float]:
-        if not self.levels:
-            losses = self.transport.call_many(self.clients, "train_alone")
+        if self.alone:
+            self.transport.call_many(self.clients, "train_alone")
+            with self.transport.evaluation():
+                losses = self.transport.call_many(self.clients, "training_loss")
             return {"train_loss": sum(losses) / len(losses)}
         losses, rows = [], 0
         for _ in range(self.opts.batches):
@@ -399,13 +451,21 @@ class Glasu(Protocol):
             top = union(top, t.call_many(clients, "sample", per_target=args))
             args = [{"targets": top} for _ in clients]
         outs = t.call_many(clients, "forward", per_target=args)
-        rows = 0
+        rows, stack = 0, []
+        exact = self.opts.backward == "exact"
         for level in self.levels:
-            h = aggregate(outs, how)
+            if exact:  # keep the clients' parts and Agg's graph, to back-propagate through it
+                outs = [o.requires_grad_() for o in outs]
+                stack.append((outs, aggregate(outs, how)))
+                h = stack[-1][1].detach()
+            else:
+                h = aggregate(outs, how)
             rows += h.size(0)
             if level == self.levels[-1]:
                 break
             outs = t.call_many(clients, "forward", h=h)
+        if exact:
+            return self._exact_backward(h, stack), rows
         if self.holder is None:
             replies = t.call_many(clients, "local_update", h=h)
             return sum(r["loss"] for r in replies) / len(replies), rows
@@ -414,11 +474,29 @@ class Glasu(Protocol):
         t.call_many(clients, "local_update", per_target=per)
         return head["loss"], rows
 
+    def _exact_backward(self, h: Tensor, stack: list[tuple[list[Tensor], Tensor]]) -> float:
+        """Split learning: the sum of the label holders' losses (as in the authors' code), back-propagated
+        through every aggregation; returns their mean loss.
+
+        The gradient for H[L] is the sum of the holders' gradients; at each aggregation level the
+        server differentiates Agg for each client's share, and the gradients the clients return for
+        the aggregate below (which fed every client's sub-layers) add up."""
+        t, clients = self.transport, self.clients
+        heads = clients if self.holder is None else [clients[self.holder]]
+        replies = t.call_many(heads, "head_gradient", h=h)
+        grad = sum(r["grad"] for r in replies)
+        for parts, aggregated in reversed(stack):
+            shares = torch.autograd.grad(aggregated, parts, grad)
+            below = t.call_many(clients, "backward", per_target=[{"grad": share} for share in shares])
+            if below[0] is not None:
+                grad = sum(below)
+        return sum(r["loss"] for r in replies) / len(replies)
+
     # ---- evaluation -------------------------------------------------------------------------------
     def predict(self, evaluator: Evaluator) -> torch.Tensor:
         """Joint inference over all nodes; the scoring clients' logits are averaged."""
         t = self.transport
-        if not self.levels:
+        if self.alone:
             return torch.stack([r["logits"] for r in t.call_many(self.heads, "infer")]).mean(0)
         outs = t.call_many(self.clients, "infer")
         for level in self.levels:
