@@ -63,3 +63,32 @@ class Party:
             self._rng_state = torch.get_rng_state()
             torch.set_rng_state(outer)
         return result, seconds
+
+
+class PartyGroup:
+    """The parties living in one process: all of them in-process, or one Ray actor's share."""
+
+    def __init__(self) -> None:
+        self.parties: dict[str, Party] = {}
+
+    def add(self, name: str, cls: type[Party], kwargs: dict[str, Any]) -> None:
+        self.parties[name] = cls.create(**kwargs)
+
+    def snapshot(self) -> dict[str, dict[str, Any]]:
+        return {name: party.get_state() for name, party in self.parties.items()}
+
+    def restore(self, states: dict[str, dict[str, Any]]) -> None:
+        for name, state in states.items():
+            self.parties[name].set_state(state)
+
+    def save(self, folder: str | Path) -> None:
+        """Each party's own checkpoint, written here: party states never leave the process."""
+        for name, party in self.parties.items():
+            party.save(Path(folder) / f"{name}.pt")
+
+    def load(self, folder: str | Path) -> None:
+        for name, party in self.parties.items():
+            party.load(Path(folder) / f"{name}.pt")
+
+    def run(self, calls: list[tuple[str, str, dict[str, Any]]]) -> list[tuple[Any, tuple[float, float]]]:
+        return [self.parties[name].dispatch(method, kwargs) for name, method, kwargs in calls]

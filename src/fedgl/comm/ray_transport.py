@@ -17,7 +17,7 @@ import torch
 
 from ..errors import ConfigError, PartyFailure
 from .network import NetworkModel
-from .party import Party
+from .party import Party, PartyGroup
 from .transport import Transport
 
 
@@ -35,33 +35,12 @@ def check_reachable(address: str, timeout_s: float) -> None:
                           f"(waited up to {timeout_s:g} s; backend.connect_timeout_s)") from None
 
 
-class PartyHost:
-    """A Ray actor holding several parties."""
+class PartyHost(PartyGroup):
+    """A Ray actor holding several parties, with its own torch thread count."""
 
     def __init__(self, threads: int):
+        super().__init__()
         torch.set_num_threads(threads)
-        self.parties: dict[str, Party] = {}
-
-    def add(self, name: str, cls: type[Party], kwargs: dict[str, Any]) -> None:
-        self.parties[name] = cls.create(**kwargs)
-
-    def snapshot(self) -> dict[str, dict[str, Any]]:
-        return {name: party.get_state() for name, party in self.parties.items()}
-
-    def restore(self, states: dict[str, dict[str, Any]]) -> None:
-        for name, state in states.items():
-            self.parties[name].set_state(state)
-
-    def save(self, folder: str) -> None:
-        for name, party in self.parties.items():
-            party.save(Path(folder) / f"{name}.pt")
-
-    def load(self, folder: str) -> None:
-        for name, party in self.parties.items():
-            party.load(Path(folder) / f"{name}.pt")
-
-    def run(self, calls: list[tuple[str, str, dict[str, Any]]]) -> list[tuple[Any, tuple[float, float]]]:
-        return [self.parties[name].dispatch(method, kwargs) for name, method, kwargs in calls]
 
 
 class RayTransport(Transport):

@@ -18,7 +18,7 @@ import torch
 
 from .ledger import EVAL, SERVER, Ledger
 from .network import NetworkModel, SimClock
-from .party import Party
+from .party import Party, PartyGroup
 from .rpc import Measured, measure_args, measure_result, spec_of
 
 
@@ -185,31 +185,29 @@ class LocalTransport(Transport):
 
     def __init__(self, network: NetworkModel | None = None):
         super().__init__(network)
-        self._parties: dict[str, Party] = {}
+        self._group = PartyGroup()
+        self._parties = self._group.parties
 
     def _create(self, name: str, cls: type[Party], kwargs: dict[str, Any]) -> None:
-        self._parties[name] = cls.create(**kwargs)
+        self._group.add(name, cls, kwargs)
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
-        return {name: party.get_state() for name, party in self._parties.items()}
+        return self._group.snapshot()
 
     def restore(self, states: dict[str, dict[str, Any]]) -> None:
-        for name, state in states.items():
-            self._parties[name].set_state(state)
+        self._group.restore(states)
 
     def save_parties(self, folder: Path) -> None:
-        for name, party in self._parties.items():
-            party.save(Path(folder) / f"{name}.pt")
+        self._group.save(folder)
 
     def load_parties(self, folder: Path) -> None:
-        for name, party in self._parties.items():
-            party.load(Path(folder) / f"{name}.pt")
+        self._group.load(folder)
 
     def _execute(self, calls: list[tuple[str, str, dict[str, Any]]]) -> list[tuple[Any, tuple[float, float]]]:
         from .payload import copy
 
         out = []
         for name, method, kwargs in calls:
-            result, seconds = self._parties[name].dispatch(method, copy(kwargs))
+            [(result, seconds)] = self._group.run([(name, method, copy(kwargs))])
             out.append((copy(result), seconds))
         return out
