@@ -37,6 +37,16 @@ class Evaluator:
         model.train(was_training)
         return out
 
+    @torch.no_grad()
+    def edge_logits(self, model: nn.Module) -> torch.Tensor:
+        """Run a global model called as ``model(features, edge_index)`` on the whole graph (FedAAS's
+        split attention net, which builds its own edge terms)."""
+        was_training = model.training
+        model.eval()
+        out = model(self._x, self.data.edge_index)
+        model.train(was_training)
+        return out
+
     def score(self, logits: torch.Tensor) -> dict[str, float]:
         """Accuracy, macro-F1, AUC and cross-entropy loss on the validation and test nodes."""
         out = {}

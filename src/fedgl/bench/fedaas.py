@@ -1,7 +1,194 @@
-"""FedAAS bench tasks (fedaas.txt)."""
+"""FedAAS bench tasks (fedaas.txt, §7): the paper's numbers beside ours.
+
+``fedaas-table2-<dataset>`` is Table 2 (final test accuracy, macro-F1, AUC at round 50 over 3 seeds)
+for FedCross, FedPNS (the FedAAS paper's version) and FedAAS, iid (stratified) and non-iid
+(Dirichlet α = 0.5); GraphFed and FedGraph are not implemented, so their rows are absent.
+``fedaas-cost`` is Fig. 4's comparison on CS: embedding bytes (the paper's communication cost) and
+total bytes until the test accuracy first reaches 70% (the paper's 80% is out of reach here), written to
+``cost.md`` beside the table.
+``fedaas-ablation-cs`` is Fig. 7, ``fedaas-alpha-cs`` Fig. 6, ``fedaas-clients-pubmed`` Fig. 8,
+``fedaas-neighbours-computers`` Fig. 9 and ``fedaas-edgedrop-cs`` Fig. 10. All runs follow §7.1:
+50 clients holding training nodes only, 99% of in-client edges dropped, GAT 256/128 + linear head,
+Adam 0.001 (fresh each round), 10 batches, 1 local epoch, 50 rounds.
+"""
 
 from __future__ import annotations
 
-from .core import BenchTask
+import json
+from pathlib import Path
+from typing import Any
 
-TASKS: dict[str, BenchTask] = {}
+from ..results import read_jsonl
+from .core import BenchTask, Variant
+
+SOURCE = "fedaas.txt (FedAAS, SIGMOD 2024), Table 2 and Figs. 4, 6-10"
+SPLITS = {"cs": "ratio:0.8,0.1,0.1", "physics": "ratio:0.8,0.1,0.1", "computers": "ratio:0.8,0.1,0.1",
+          "pubmed": "full"}
+COLUMNS = ["final_test_accuracy", "final_test_macro_f1", "final_test_auc", "bytes_embedding", "bytes_model",
+           "bytes_total", "sim_time_s"]
+# Table 2 (%): (accuracy, F1, AUC) per method, dataset and setting.
+TABLE2 = {
+    "FedCross": {"cs": ((93.08, 89.51, 97.89), (90.31, 80.68, 82.23)),
+                 "physics": ((95.73, 93.54, 99.21), (94.89, 92.19, 96.21)),
+                 "pubmed": ((86.14, 85.62, 95.83), (86.24, 84.44, 95.29)),
+                 "computers": ((88.94, 88.34, 98.36), (87.97, 85.17, 91.42))},
+    "FedPNS": {"cs": ((94.24, 91.42, 98.31), (90.03, 79.41, 78.89)),
+               "physics": ((95.76, 93.61, 99.11), (94.71, 91.63, 94.87)),
+               "pubmed": ((86.96, 85.68, 95.76), (85.27, 85.81, 94.96)),
+               "computers": ((88.64, 86.46, 98.37), (86.58, 81.56, 89.26))},
+    "FedAAS": {"cs": ((95.32, 92.91, 98.72), (91.62, 79.67, 83.71)),
+               "physics": ((95.98, 93.89, 99.23), (95.02, 92.65, 95.12)),
+               "pubmed": ((88.82, 86.19, 95.97), (86.51, 84.91, 95.81)),
+               "computers": ((89.83, 86.53, 97.82), (88.13, 84.83, 91.64))},
+}
+PROTOCOL = {"FedCross": "fedcross", "FedPNS": "fedaas-pns", "FedAAS": "fedaas"}
+SETTING = {"iid": {"partition.method": "stratified"},
+           "non-iid": {"partition.method": "dirichlet", "partition.alpha": 0.5}}
+QUICK = {"dataset.name": "synthetic", "dataset.split": "default", "partition.num_clients": 4, "train.rounds": 2,
+         "protocol.widths": [16, 8], "protocol.batches": 2}
+
+
+def base(dataset: str) -> dict[str, Any]:
+    return {
+        "threads": 1,
+        "dataset": {"name": dataset, "split": SPLITS[dataset]},
+        "partition": {"num_clients": 50, "method": "stratified", "client_nodes": "train", "edge_drop": 0.99},
+        "protocol": {"name": "fedaas"},
+        "train": {"rounds": 50, "optimizer": "adam", "lr": 0.001, "weight_decay": 0.0},
+        "eval": {"every": 1},
+        "network": {"bandwidth_mbps": 1000.0, "latency_ms": 1.0, "compute": "measured"},
+    }
+
+
+def _reference(method: str, dataset: str, setting: str) -> dict[str, float]:
+    values = TABLE2[method][dataset][0 if setting == "iid" else 1]
+    return dict(zip(("final_test_accuracy", "final_test_macro_f1", "final_test_auc"), values))
+
+
+def curves(folder: Path) -> None:
+    """``curves.png``: Figs. 3-4 from the runs' metrics (first seed of each variant): macro-F1 and test
+    loss against rounds, test accuracy against embedding MB and total MB."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [r for r in json.loads((folder / "results.json").read_text()) if r["seed"] == 0]
+    fig, axes = plt.subplots(1, 4, figsize=(18, 4))
+    for r in runs:
+        m = read_jsonl(Path(r["folder"]) / "metrics.jsonl")
+        rounds = [row["round"] for row in m]
+        axes[0].plot(rounds, [row["test_macro_f1"] for row in m], label=r["variant"])
+        axes[1].plot(rounds, [row["test_loss"] for row in m], label=r["variant"])
+        accuracy = [row["test_accuracy"] for row in m]
+        axes[2].plot([row["bytes_embedding"] / 1e6 for row in m], accuracy, label=r["variant"])
+        axes[3].plot([row["bytes_total"] / 1e6 for row in m], accuracy, label=r["variant"])
+    for ax, (x, y) in zip(axes, [("round", "test macro-F1"), ("round", "test loss"),
+                                 ("embedding MB", "test accuracy"), ("total MB", "test accuracy")]):
+        ax.set_xlabel(x)
+        ax.set_ylabel(y)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(folder / "curves.png", dpi=90)
+    plt.close(fig)
+
+
+def table2(dataset: str) -> BenchTask:
+    return BenchTask(
+        name=f"fedaas-table2-{dataset}",
+        description=f"Table 2 on {dataset}: final test accuracy / macro-F1 / AUC after 50 rounds, 50 clients; "
+                    "bytes_embedding = cross-client calls (the paper's communication cost), bytes_model = models.",
+        base=base(dataset),
+        variants=[Variant(f"{method} {setting}", {"protocol.name": PROTOCOL[method], **SETTING[setting]},
+                          _reference(method, dataset, setting))
+                  for method in PROTOCOL for setting in SETTING],
+        columns=COLUMNS, seeds=3, quick=QUICK, source=SOURCE, finish=curves)
+
+
+# ---- Fig. 4: bytes to 80% test accuracy on CS ---------------------------------------------------------
+# The paper's target is 80% test accuracy; our FedAAS on CS peaks near 76% (docs/fedaas.md), so the
+# comparison is made at 70%, which every method reaches.
+TARGET = 0.70
+COST_PAPER = {"FedCross": 94.88, "FedPNS": 94.62}  # % less communication at 80% (Fig. 4 text)
+
+
+def write_cost(folder: Path) -> None:
+    """``cost.md``/``cost.json``: per run, the first round whose test accuracy reaches ``TARGET`` and the
+    embedding and total bytes sent until then; FedAAS's savings against each baseline."""
+    runs = json.loads((folder / "results.json").read_text())
+    rows = []
+    for r in runs:
+        metrics = read_jsonl(Path(r["folder"]) / "metrics.jsonl")
+        hit = next((m for m in metrics if m["test_accuracy"] >= TARGET), None)
+        rows.append({"variant": r["variant"], "seed": r["seed"], "round": hit and hit["round"],
+                     "embedding_mb": hit and hit["bytes_embedding"] / 1e6, "total_mb": hit and hit["bytes_total"] / 1e6,
+                     "sim_s": hit and hit["sim_time_s"]})
+    ours = next((r for r in rows if r["variant"] == "FedAAS" and r["round"]), None)
+    lines = [f"# fedaas-cost: bytes until test accuracy ≥ {TARGET:.0%} (CS, iid, 50 clients)", "",
+             "The paper's target is 80%, which FedAAS does not reach here (docs/fedaas.md); the paper's "
+             "savings column is at 80%.", "",
+             "Embedding MB = bytes of the cross-client calls (request, serve, finish), the paper's communication "
+             "cost; total MB adds models and control. Saving = 1 - FedAAS / baseline, in % of bytes.", "",
+             "| variant | seed | round | embedding MB | total MB | sim s | FedAAS embedding saving | "
+             "FedAAS total saving | paper saving |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["round"] is None:
+            lines.append(f"| {r['variant']} | {r['seed']} | not reached | — | — | — | — | — | |")
+            continue
+        save = "" if ours is None or r is ours else f"{100 * (1 - ours['embedding_mb'] / r['embedding_mb']):.2f}" \
+            if r["embedding_mb"] else "—"
+        total = "" if ours is None or r is ours else f"{100 * (1 - ours['total_mb'] / r['total_mb']):.2f}"
+        paper = COST_PAPER.get(r["variant"], "")
+        lines.append(f"| {r['variant']} | {r['seed']} | {r['round']} | {r['embedding_mb']:.2f} | {r['total_mb']:.2f} | "
+                     f"{r['sim_s']:.2f} | {save} | {total} | {paper} |")
+    (folder / "cost.md").write_text("\n".join(lines) + "\n")
+    (folder / "cost.json").write_text(json.dumps(rows, indent=2))
+    curves(folder)
+
+
+COST = BenchTask(
+    name="fedaas-cost",
+    description="Fig. 4 on CS (iid): FedAAS against FedCross and FedPNS until the test accuracy reaches 70% "
+                "(see cost.md); runs stop once the validation accuracy reaches 72%, after 15 rounds at most.",
+    base=base("cs") | {"eval": {"every": 1, "target_val_accuracy": 0.72, "stop_at_target": True}},
+    variants=[Variant("FedAAS", {"train.rounds": 15}),
+              Variant("FedCross", {"protocol.name": "fedcross", "train.rounds": 15}),
+              Variant("FedPNS", {"protocol.name": "fedaas-pns", "train.rounds": 15})],
+    columns=["round_at_target", "bytes_embedding", "bytes_total", "final_test_accuracy"],
+    seeds=1, quick=QUICK, source=SOURCE, finish=write_cost)
+
+
+def sweep(name: str, dataset: str, description: str, key: str, values: list[Any], label: str,
+          fixed: dict[str, Any] | None = None) -> BenchTask:
+    return BenchTask(name=name, description=description, base=base(dataset),
+                     variants=[Variant(f"{label} {v}", {**(fixed or {}), key: v}) for v in values],
+                     columns=COLUMNS, seeds=1, quick=QUICK, source=SOURCE, finish=curves)
+
+
+ABLATION = BenchTask(
+    name="fedaas-ablation-cs",
+    description="Fig. 7 on CS (iid): Centralized-graph (one client, every edge, uniform picks), FedAll, FedAAS1 "
+                "(attention sampling, τ = 1), FedAAS2 (every neighbour, adaptive τ), FedAAS; FedLocal beside.",
+    base=base("cs"),
+    variants=[Variant("Centralized-graph", {"protocol.name": "fedlocal", "partition.num_clients": 1,
+                                            "partition.client_nodes": "all", "partition.edge_drop": 0.0}),
+              Variant("FedAll", {"protocol.name": "fedall"}), Variant("FedAAS1", {"protocol.name": "fedaas1"}),
+              Variant("FedAAS2", {"protocol.name": "fedaas2"}), Variant("FedAAS"),
+              Variant("FedLocal", {"protocol.name": "fedlocal"})],
+    columns=COLUMNS, seeds=1, quick=QUICK, source=SOURCE, finish=curves)
+
+TASKS: dict[str, BenchTask] = {
+    **{f"fedaas-table2-{d}": table2(d) for d in SPLITS},
+    "fedaas-cost": COST,
+    "fedaas-ablation-cs": ABLATION,
+    "fedaas-alpha-cs": sweep("fedaas-alpha-cs", "cs", "Fig. 6 on CS: Dirichlet α (non-iid degree).",
+                             "partition.alpha", [0.05, 0.1, 0.2, 0.5, 1.0, 10.0, 100.0], "α",
+                             {"partition.method": "dirichlet"}),
+    "fedaas-clients-pubmed": sweep("fedaas-clients-pubmed", "pubmed", "Fig. 8 on PubMed: number of clients K.",
+                                   "partition.num_clients", [50, 200, 500, 700, 1000], "K"),
+    "fedaas-neighbours-computers": sweep("fedaas-neighbours-computers", "computers",
+                                         "Fig. 9 on Computers: neighbours sampled per layer.",
+                                         "protocol.fanouts", [[10, 10], [20, 20], [30, 30], [50, 50]], "fan-out"),
+    "fedaas-edgedrop-cs": sweep("fedaas-edgedrop-cs", "cs", "Fig. 10 on CS: in-client edge drop ratio.",
+                                "partition.edge_drop", [0.0, 0.5, 0.7, 0.9, 0.99], "drop"),
+}

@@ -20,6 +20,13 @@ REGISTRY: dict[str, str] = {
     "fedgnn-g": "fedgl.protocols.swift:FedGNNG",
     "llcg": "fedgl.protocols.llcg:LLCG",
     "fedgnn-pns": "fedgl.protocols.fedgnn_pns:FedGNNPNS",
+    "fedaas": "fedgl.protocols.fedaas:FedAAS",
+    "fedcross": "fedgl.protocols.fedaas:FedCross",
+    "fedaas-pns": "fedgl.protocols.fedaas:FedPNS",
+    "fedlocal": "fedgl.protocols.fedaas:FedLocal",
+    "fedall": "fedgl.protocols.fedaas:FedAll",
+    "fedaas1": "fedgl.protocols.fedaas:FedAAS1",
+    "fedaas2": "fedgl.protocols.fedaas:FedAAS2",
 }
 
 

@@ -1,0 +1,588 @@
+"""FedAAS (fedaas.txt, Algorithm 1): FedAvg with attention-guided cross-client neighbour sampling and
+adaptive embedding synchronisation, plus its baselines as presets of the same code.
+
+Each round the server sends θ_t to m clients; each takes ``local_epochs × batches`` Adam steps from a
+fresh optimiser on mini-batches of its training nodes, then the server averages the models
+(weighted by training nodes). Steps run in lock-step across clients. At a *sync* step (step j with
+j mod τ = 0) a client samples its batch's neighbourhood with probabilities from Eq. 9-10 (scores
+from its current embeddings for its own nodes, from stored keys for remote ones), the owners of the
+remote picks return one projected partial per (target, owner) pair (Eq. 11, projected by the owner's
+own current model), the server merges the pairs per target, and the client stores the result in its
+history. At other steps no message crosses: the client reuses the stored remote partials
+(``between_sync: history``, §4.1) or uses none (``drop``, the authors' code). Layer 1 is always
+local, so raw features never leave their owner. The server moves τ between τ_min and τ_0 from a
+loss (§5.3: the paper's ceil rule or the code's monotone rule).
+
+A sync step is three phases (L = 2): ``request`` (picks and one query scalar per target, kinds
+``index``/``embedding``), ``serve`` (the owners' partials and one key scalar per pick), ``finish``
+(the merged partials to the trainer, which completes its step). Remote partials are constants in
+the trainer's backward pass (ARCHITECTURE.md, "Gradients through remote embeddings are stopped").
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from pydantic import Field, field_validator, model_validator
+from torch import Tensor
+from torch.nn import functional as F
+from torch_geometric.data import Data
+
+from ..comm import rpc
+from ..config import ModelConfig, TrainConfig
+from ..errors import ConfigError
+from ..evaluation import Evaluator
+from ..models import as_model_input
+from ..models.split_attention import NEGATIVE_SLOPE, Partial, SplitAttentionNet, merge_into
+from ..optim import make_optimizer
+from ..partition import horizontal_from_config
+from ..sampling import CSR, sample_neighbors, sample_weighted
+from .base import Protocol, ProtocolOptions
+from .fedavg import weighted_average
+from .horizontal_client import FEATURE_DENSITY, HorizontalClient
+from .routing import Router
+
+EXCHANGE = ("request", "serve", "finish")  # the methods carrying cross-client traffic
+# HorizontalClient builds a backbone from a ModelConfig; FedAAS replaces it with its split model.
+PLACEHOLDER = ModelConfig(name="sage", hidden=1, layers=1, dropout=0.0)
+
+
+class FedAASOptions(ProtocolOptions):
+    widths: list[int] = Field([256, 128], description="hidden widths; layer 1 is local, later layers cross clients")
+    aggregate: Literal["attention", "mean"] = Field("attention", description=(
+        "attention: one-head GAT v1 (Eq. 9 as the layer's score); mean: Eq. 11 read as a GraphSAGE mean"))
+    sampling: Literal["attention", "uniform", "all"] = "attention"
+    fanouts: list[int] = Field([10, 10], description="picks per node per layer, local and remote jointly; -1 all")
+    local_fanouts: list[int] | None = Field(None, description="with cross_fanouts: separate local/remote picks")
+    cross_fanouts: list[int] | None = None
+    interval: int | Literal["adaptive", "never"] = "adaptive"
+    interval_rule: Literal["paper", "code"] = "paper"
+    tau0: int = Field(10, ge=1)
+    tau_min: int = Field(2, ge=1)
+    interval_loss: Literal["server", "train"] = Field("server", description=(
+        "server: the global model's loss on the held-out test nodes (paper); train: clients' training loss"))
+    between_sync: Literal["history", "drop"] = "history"
+    remote_projection: Literal["owner", "receiver"] = Field("owner", description=(
+        "owner: pairs carry Σ θ_q h_w (Eq. 11); receiver: Σ h_w, projected by the receiver's current θ at "
+        "every use (the code's), so a stored aggregate follows the model"))
+    batches: int = Field(10, ge=1, description="mini-batches per local epoch")
+    local_epochs: int = Field(1, ge=1)
+    client_fraction: float = Field(1.0, gt=0, le=1, description="m / K, clients drawn each round")
+    weighting: Literal["nodes", "uniform"] = "nodes"
+    min_pair_rows: int = Field(1, ge=1, description="owners withhold (target, owner) pairs summing fewer rows")
+
+    @field_validator("interval")
+    @classmethod
+    def _positive(cls, value):
+        if isinstance(value, int) and value < 1:
+            raise ValueError("interval must be >= 1, 'adaptive' or 'never'")
+        return value
+
+    @field_validator("widths", "fanouts", "local_fanouts", "cross_fanouts")
+    @classmethod
+    def _counts(cls, value):
+        if value is not None and (not value or any(v == 0 or v < -1 for v in value)):
+            raise ValueError("entries must be positive or -1 (all)")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        layers = len(self.widths)
+        if len(self.fanouts) != layers:
+            raise ValueError(f"fanouts needs one entry per layer of widths ({layers})")
+        if (self.local_fanouts is None) != (self.cross_fanouts is None):
+            raise ValueError("local_fanouts and cross_fanouts go together")
+        if self.local_fanouts is not None and not len(self.local_fanouts) == len(self.cross_fanouts) == layers:
+            raise ValueError(f"local_fanouts and cross_fanouts need {layers} entries each")
+        if self.aggregate == "mean" and self.sampling == "attention":
+            raise ValueError("aggregate 'mean' has no attention scores: use sampling 'uniform' or 'all'")
+        if self.tau_min > self.tau0:
+            raise ValueError(f"tau_min ({self.tau_min}) exceeds tau0 ({self.tau0})")
+        return self
+
+
+def next_interval(rule: str, losses: list[float], tau: int, tau0: int, tau_min: int) -> int:
+    """τ for the next round from the losses F_0, ..., F_t (§5.3).
+
+    paper: ⌈sqrt(F_t / F_0) τ_0⌉ clipped to [τ_min, τ_0]; code: τ is kept after a round that lowered
+    the loss, else max(τ_min, min(τ - 1, ⌊sqrt(F_t / F_0) τ_0⌋)), so it never grows."""
+    ratio = math.sqrt(max(losses[-1], 0.0) / losses[0]) if losses[0] > 0 else 1.0
+    if rule == "paper":
+        return min(tau0, max(tau_min, math.ceil(ratio * tau0)))
+    if len(losses) > 1 and losses[-1] < losses[-2]:
+        return tau
+    return max(tau_min, min(tau - 1, int(ratio * tau0)))
+
+
+# ---- the client ----------------------------------------------------------------------------------
+@dataclass
+class Step:
+    """One local step's sampled computation: per layer the needed rows, the local edges (own ids), the remote picks
+    (target own id, remote column) at a sync, remote partials, and the layer inputs computed so far."""
+
+    batch: Tensor
+    edges: list[tuple[Tensor, Tensor]]
+    rows: list[Tensor]  # per layer, the own nodes whose output is needed
+    picks: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)
+    remote: dict[int, tuple[Tensor, Partial]] = field(default_factory=dict)
+    hs: list[Tensor] = field(default_factory=list)
+
+
+def _rows(csr: CSR) -> Tensor:
+    return torch.repeat_interleave(torch.arange(csr.num_nodes), csr.degree())
+
+
+class FedAASClient(HorizontalClient):
+    """A FedAAS client: trains on its shard, keeps the history store, serves partials to others."""
+
+    def __init__(self, name: str, seed: int, shard: Any, train: TrainConfig, num_features: int, num_classes: int,
+                 opts: dict[str, Any]):
+        super().__init__(name, seed, shard, PLACEHOLDER, num_features, num_classes)
+        self.opts = FedAASOptions.model_validate(opts)
+        self.train_cfg = train
+        self.model = SplitAttentionNet(num_features, self.opts.widths, num_classes, self.opts.aggregate)
+        n, remote = self.x.size(0), self.remote_ids.numel()
+        self.n = n
+        self.local_edges = (self.local_csr.col, _rows(self.local_csr))
+        cross = torch.stack([torch.searchsorted(self.remote_ids, shard.cross_edges[1]) + n, shard.cross_edges[0]])
+        self.cross_csr = CSR.from_edge_index(cross, n + remote)
+        layers = len(self.opts.widths)
+        # The history store (§4.1): a key a_src·W_q h_w per remote neighbour (0 until seen), and per
+        # own node the remote partial received at its last sync, for every layer that crosses clients.
+        self.keys = {layer: torch.zeros(remote) for layer in range(1, layers)}
+        # A partial is in its layer's output width, or in its input width when the receiver projects it.
+        offset = 1 if self.opts.remote_projection == "receiver" else 0
+        self.stored = {layer: Partial(torch.zeros(n, self.opts.widths[layer - offset]), torch.zeros(n),
+                                      torch.full((n,), float("-inf"))) for layer in range(1, layers)}
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.queue: list[Tensor] = []
+        self.losses: list[float] = []
+        self.step: Step | None = None
+
+    # ---- sampling -------------------------------------------------------------------------------
+    def reference(self, top: Tensor, upto: int) -> Tensor:
+        """Layer ``upto``'s inputs at own nodes ``top`` (zero elsewhere) with the current model, every
+        local edge and the stored remote partials: what an owner serves and a trainer scores with."""
+        rows, edges = [None] * upto, [None] * upto
+        need = torch.unique(top)
+        for layer in reversed(range(upto)):
+            dst, col = self._hop(self.local_csr, need, -1)
+            rows[layer], edges[layer] = need, (col, dst)
+            need = torch.unique(torch.cat([need, col]))
+        history = self.opts.between_sync == "history"
+        h = self.features
+        with torch.no_grad():
+            for layer in range(upto):
+                remote = (torch.arange(self.n), self.stored[layer]) if history and layer in self.stored else None
+                h = self.model.layer(layer, h, *edges[layer], self._remote(layer, remote), rows[layer])
+        return h
+
+    def _weights(self, layer: int, csr: CSR, need: Tensor) -> Tensor:
+        """Eq. 10's p_vw up to each row's normaliser, aligned with ``csr.col`` (valid on rows ``need``):
+        scores of own nodes from their current embeddings, of remote ones from the stored keys."""
+        if layer == 0:
+            h = self.features
+        else:
+            _, col = self._hop(self.local_csr, need, -1)
+            h = self.reference(torch.cat([need, col]), layer)
+        query, key = self.model.query_key(layer, h)
+        if layer > 0:
+            key = torch.cat([key, self.keys[layer]])
+        rows = _rows(csr)
+        e = F.leaky_relu(query[rows] + key[csr.col], NEGATIVE_SLOPE)
+        top = torch.full((csr.num_nodes,), float("-inf")).scatter_reduce(0, rows, e, "amax")
+        return torch.exp(e - top[rows])
+
+    def _hop(self, csr: CSR, need: Tensor, fanout: int, layer: int | None = None) -> tuple[Tensor, Tensor]:
+        """(target own id, column) of up to ``fanout`` picks per node of ``need`` (-1: all), weighted
+        by attention scores of layer ``layer`` when given."""
+        if need.numel() == 0 or csr.num_edges == 0:
+            return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
+        if layer is None or fanout < 0:
+            sub = sample_neighbors(csr, need, [fanout], self.generator)
+        else:
+            sub = sample_weighted(csr, need, [fanout], self._weights(layer, csr, need), self.generator)
+        src, dst = sub.blocks[0].edge_index
+        return need[dst], sub.n_id[src]
+
+    def _sample(self, batch: Tensor, exchange: bool) -> Step:
+        """Top-down: the batch's neighbourhood, layer L to 1; remote picks kept only at a sync."""
+        o = self.opts
+        fanouts = o.fanouts if o.sampling != "all" else [-1] * len(o.fanouts)
+        split = o.local_fanouts is not None and o.sampling != "all"
+        crossing = exchange or (o.between_sync == "history" and o.interval != "never")
+        need, layers = torch.unique(batch), self.model.num_layers
+        step = Step(batch, [None] * layers, [None] * layers)  # type: ignore[list-item]
+        for layer in reversed(range(layers)):
+            weighted = layer if o.sampling == "attention" else None
+            local_fanout = o.local_fanouts[layer] if split else fanouts[layer]
+            if layer == 0 or not crossing:
+                parts = [self._hop(self.local_csr, need, local_fanout, weighted)]
+            elif split:
+                parts = [self._hop(self.local_csr, need, local_fanout, weighted),
+                         self._hop(self.cross_csr, need, o.cross_fanouts[layer], weighted)]
+            else:
+                parts = [self._hop(self.full_csr, need, fanouts[layer], weighted)]
+            dst, col = (torch.cat(t) for t in zip(*parts))
+            local = col < self.n
+            step.rows[layer], step.edges[layer] = need, (col[local], dst[local])
+            if exchange and layer > 0:
+                step.picks[layer] = (dst[~local], col[~local])
+            need = torch.unique(torch.cat([need, col[local]]))
+        return step
+
+    # ---- the step ---------------------------------------------------------------------------------
+    def _remote(self, layer: int, remote: tuple[Tensor, Partial] | None) -> tuple[Tensor, Partial] | None:
+        """Remote partials as the layer merges them: projected by the receiver's current θ when the
+        owners sent Σ h_w (``remote_projection: receiver``)."""
+        if remote is None or self.opts.remote_projection == "owner":
+            return remote
+        rows, part = remote
+        return rows, Partial(self.model.project(layer, part.num), part.den, part.shift)
+
+    def _advance(self, step: Step, upto: int) -> None:
+        """Compute layer inputs ``hs[0..upto]`` (with gradients)."""
+        if not step.hs:
+            step.hs = [self.features]
+        while len(step.hs) <= upto:
+            layer = len(step.hs) - 1
+            step.hs.append(self.model.layer(layer, step.hs[-1], *step.edges[layer],
+                                            self._remote(layer, step.remote.get(layer)), step.rows[layer]))
+
+    def _complete(self, step: Step) -> float:
+        self._advance(step, self.model.num_layers)
+        loss = F.cross_entropy(self.model.head(step.hs[-1][step.batch]), self.y[step.batch])
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        self.losses.append(float(loss.detach()))
+        return self.losses[-1]
+
+    def _receive(self, layer: int, remote: dict[str, Tensor] | None, counts: Tensor | None) -> None:
+        """Take the merged partials of this step's layer-``layer`` targets; store them and the keys."""
+        step = self.step
+        if remote is None or layer not in step.picks:
+            return
+        targets, cols = step.picks[layer]
+        rows = torch.unique(targets)
+        if self.opts.aggregate == "mean":
+            part = Partial(remote["num"], counts.float(), torch.zeros(rows.numel()))
+        else:
+            part = Partial(remote["num"], remote["den"], remote["shift"])
+        step.remote[layer] = (rows, part)
+        store = self.stored[layer]
+        store.num[rows], store.den[rows], store.shift[rows] = part.num, part.den, part.shift
+        if "keys" in remote:
+            seen = ~torch.isnan(remote["keys"])
+            self.keys[layer][cols[seen] - self.n] = remote["keys"][seen]
+
+    # ---- remote calls -----------------------------------------------------------------------------
+    @rpc(state="model", returns={"num_train": "control"})
+    def start(self, state: dict[str, Tensor], train: bool = True) -> dict[str, Any]:
+        """Load θ_t; a training client also gets a fresh Adam and this round's shuffled batches."""
+        self.model.load_state_dict(state)
+        self.losses, self.queue, self.step = [], [], None
+        if train:
+            self.optimizer = make_optimizer(self.model.parameters(), self.train_cfg)
+            size = max(1, math.ceil(self.train_idx.numel() / self.opts.batches))
+            for _ in range(self.opts.local_epochs):
+                order = self.train_idx[torch.randperm(self.train_idx.numel(), generator=self.generator)]
+                chunks = list(order.split(size))
+                self.queue += chunks + [order[:0]] * (self.opts.batches - len(chunks))
+        return {"num_train": int(self.train_idx.numel())}
+
+    @rpc(returns={"loss": "control"})
+    def local(self, steps: int) -> dict[str, Any]:
+        """``steps`` steps without messages: local picks plus the stored remote partials (history)."""
+        crossing = self.opts.between_sync == "history" and self.opts.interval != "never"
+        for _ in range(steps):
+            batch = self.queue.pop(0)
+            if batch.numel() == 0:
+                continue
+            step = self._sample(batch, exchange=False)
+            if crossing:
+                step.remote = {l: (torch.arange(self.n), p) for l, p in self.stored.items()}
+            self._complete(step)
+        return {}
+
+    @rpc(remote="embedding", counts="index", returns={"targets": "index", "ids": "index", "query": "embedding"})
+    def request(self, layer: int, remote: dict[str, Tensor] | None = None, counts: Tensor | None = None) -> dict:
+        """A sync step up to layer ``layer``: its remote picks (target, global id) and each target's
+        query a_dst·W h_v; the partials of the layer below arrive with this call."""
+        if layer == 1:
+            batch = self.queue.pop(0)
+            self.step = self._sample(batch, exchange=True) if batch.numel() else None
+        if self.step is None:
+            return {}
+        self._receive(layer - 1, remote, counts)
+        self._advance(self.step, layer)
+        targets, cols = self.step.picks[layer]
+        if targets.numel() == 0:
+            return {}
+        query, _ = self.model.query_key(layer, self.step.hs[layer][torch.unique(targets)].detach())
+        return {"targets": targets, "ids": self.remote_ids[cols - self.n], "query": query.detach()}
+
+    @rpc(incoming="index", query="embedding",
+         returns={"num": "embedding", "den": "embedding", "shift": "embedding", "keys": "embedding", "count": "index"})
+    def serve(self, layer: int, incoming: dict[str, dict[str, Tensor]], query: dict[str, Tensor]) -> dict:
+        """Owner side of Eq. 11: per (target, this owner) pair, the partial over the picked nodes with
+        this client's current model; pairs summing fewer than ``min_pair_rows`` rows are withheld."""
+        h = self.reference(torch.cat([req["u"] for req in incoming.values()]), layer)
+        out: dict[str, dict[str, Tensor]] = {}
+        mean = self.opts.aggregate == "mean"
+        for trainer, req in incoming.items():
+            u, pair = req["u"], req["pair"]
+            npairs = int(pair.max()) + 1
+            with torch.no_grad():
+                part, keys = self.model.serve(layer, h[u], query[trainer], pair, npairs,
+                                              projected=self.opts.remote_projection == "owner")
+            count = torch.bincount(pair, minlength=npairs)
+            held = count < self.opts.min_pair_rows
+            part.num[held], part.den[held], part.shift[held] = 0.0, 0.0, float("-inf")
+            count[held] = 0
+            reply = {"num": part.num, "count": count} if mean else \
+                {"num": part.num, "den": part.den, "shift": part.shift}
+            if self.opts.sampling == "attention":
+                reply["keys"] = torch.where(held[pair], float("nan"), keys)
+            for key, value in reply.items():
+                out.setdefault(key, {})[trainer] = value
+        return out
+
+    @rpc(remote="embedding", counts="index", returns={"loss": "control"})
+    def finish(self, remote: dict[str, Tensor] | None = None, counts: Tensor | None = None) -> dict:
+        """Complete the sync step with the last layer's partials and take the Adam step."""
+        if self.step is None:
+            return {}
+        self._receive(self.model.num_layers - 1, remote, counts)
+        loss = self._complete(self.step)
+        self.step = None
+        return {"loss": loss}
+
+    @rpc(returns={"state": "model", "num_train": "control", "loss": "control"})
+    def upload(self) -> dict[str, Any]:
+        loss = sum(self.losses) / len(self.losses) if self.losses else math.nan
+        return {"state": self.model.state_dict(), "num_train": int(self.train_idx.numel()), "loss": loss}
+
+
+# ---- the server ----------------------------------------------------------------------------------
+class FedAAS(Protocol):
+    name = "fedaas"
+    scenario = "horizontal"
+    Options = FedAASOptions
+
+    def setup(self, data: Data) -> None:
+        o = self.opts
+        part = horizontal_from_config(data, self.cfg.partition, self.cfg.seed)
+        self.partition_stats = part.stats
+        num_classes = int(data.num_classes)
+        self.model = SplitAttentionNet(data.num_features, o.widths, num_classes, o.aggregate)
+        options = o.model_dump()
+        self.clients = self.transport.spawn(FedAASClient, [
+            dict(name=f"client{m}", seed=self.cfg.seed * 100_003 + m + 1, shard=shard, train=self.cfg.train,
+                 num_features=data.num_features, num_classes=num_classes, opts=options)
+            for m, shard in enumerate(part.shards)])
+        self.router = Router(part.owner, part.local_index, self.clients)
+        self.held_out = getattr(part, "server_shard", None)
+        if o.interval == "adaptive" and o.interval_loss == "server":
+            if self.held_out is None:
+                raise ConfigError("protocol.interval_loss 'server' needs held-out nodes at the server "
+                                  "(partition.client_nodes: train or train+val); or use interval_loss: train")
+            self.held_out_x = as_model_input(self.held_out.x.float(), FEATURE_DENSITY)
+            mask = self.held_out.test_mask
+            self.held_out_rows = mask.nonzero().flatten() if bool(mask.any()) else torch.arange(mask.numel())
+        self.tau: int | None = o.tau0 if o.interval == "adaptive" else (None if o.interval == "never" else o.interval)
+        self.losses: list[float] = []
+        self.taus: list[int | None] = []
+
+    # ---- the interval ---------------------------------------------------------------------------
+    def server_loss(self) -> float:
+        """The global model's cross-entropy on the held-out test nodes, over the edges among held-out
+        nodes (the server's shard; the paper's "test loss")."""
+        with torch.no_grad():
+            logits = self.model(self.held_out_x, self.held_out.edge_index)
+            return float(F.cross_entropy(logits[self.held_out_rows], self.held_out.y[self.held_out_rows]))
+
+    def sample_clients(self) -> list[str]:
+        k = max(1, round(self.opts.client_fraction * len(self.clients)))
+        if k == len(self.clients):
+            return list(self.clients)
+        chosen = torch.randperm(len(self.clients), generator=self.generator)[:k].sort().values
+        return [self.clients[i] for i in chosen.tolist()]
+
+    # ---- one round ------------------------------------------------------------------------------
+    def train_round(self, round_index: int) -> dict[str, float]:
+        o = self.opts
+        server_loss = o.interval == "adaptive" and o.interval_loss == "server"
+        if server_loss and not self.losses:
+            self.losses.append(self.server_loss())  # F_0: the initial model
+        tau = self.tau if self.model.num_layers > 1 else None
+        steps = o.local_epochs * o.batches
+        syncs = {j for j in range(steps) if tau is not None and j % tau == 0}
+        chosen = self.sample_clients()
+        state = self.model.state_dict()
+        serving = self.clients if syncs else chosen  # A13: owners not drawn serve with θ_t
+        picked = set(chosen)
+        self.transport.call_many(serving, "start", per_target=[{"train": c in picked} for c in serving],
+                                           state=state)
+        j = 0
+        while j < steps:
+            if j in syncs:
+                self.sync(chosen)
+                j += 1
+            else:
+                run = next((k for k in range(j, steps) if k in syncs), steps) - j
+                self.transport.call_many(chosen, "local", steps=run)
+                j += run
+        uploads = self.transport.call_many(chosen, "upload")
+        trained = [r for r in uploads if r["num_train"] > 0]
+        if not trained:
+            return {"train_loss": math.nan}
+        weights = torch.tensor([float(r["num_train"]) if o.weighting == "nodes" else 1.0 for r in trained])
+        self.model.load_state_dict(weighted_average([r["state"] for r in trained], weights))
+        loss = float(sum(w * r["loss"] for w, r in zip((weights / weights.sum()).tolist(), trained)))
+        if o.interval == "adaptive":
+            self.losses.append(self.server_loss() if server_loss else loss)
+            self.tau = next_interval(o.interval_rule, self.losses, self.tau, o.tau0, o.tau_min)
+        self.taus.append(tau)
+        ledger = self.transport.ledger
+        return {"train_loss": loss, "tau": float(tau) if tau is not None else math.nan, "syncs": float(len(syncs)),
+                "bytes_embedding": float(ledger.total(methods=EXCHANGE, kinds=("embedding", "index"))),
+                **({"interval_loss": self.losses[-1]} if o.interval == "adaptive" else {})}
+
+    def sync(self, chosen: list[str]) -> None:
+        """One sync step of every chosen client: per crossing layer a request and a serve phase, then
+        the finish phase carrying the last layer's merged partials."""
+        remote: dict[str, dict] = {}
+        for layer in range(1, self.model.num_layers):
+            replies = self.transport.call_many(chosen, "request", per_target=[
+                {"remote": remote.get(c, {}).get("remote"), "counts": remote.get(c, {}).get("counts")}
+                for c in chosen], layer=layer)
+            picks = {c: r for c, r in zip(chosen, replies) if r}
+            requests, routes = self.router.route({c: {c: p} for c, p in picks.items()})
+            owners = [c for c in self.clients if c in requests]
+            queries: dict[str, dict[str, Tensor]] = {}
+            for trainer, route in routes.items():
+                starts = torch.cumsum(route.pair_counts, 0) - route.pair_counts
+                for c in route.pair_counts.nonzero().flatten().tolist():
+                    span = route.target_of_pair[starts[c]: starts[c] + route.pair_counts[c]]
+                    queries.setdefault(self.clients[c], {})[trainer] = picks[trainer]["query"][span]
+            served = dict(zip(owners, self.transport.call_many(owners, "serve", per_target=[
+                {"incoming": requests[c], "query": queries[c]} for c in owners], layer=layer)))
+            remote = {trainer: self.combine(route, served, picks[trainer]["ids"], trainer)
+                      for trainer, route in routes.items()}
+        self.transport.call_many(chosen, "finish", per_target=[
+            {"remote": remote.get(c, {}).get("remote"), "counts": remote.get(c, {}).get("counts")} for c in chosen])
+
+    def combine(self, route, served: dict[str, dict], ids: Tensor, trainer: str) -> dict[str, Any]:
+        """Merge one trainer's pair partials per target (log-sum-exp, or sums in mean mode) and put
+        the owners' keys back in the order of the trainer's picks."""
+        owners = [self.clients[c] for c in route.pair_counts.nonzero().flatten().tolist()]
+        mean = self.opts.aggregate == "mean"
+        num = torch.cat([served[c]["num"][trainer] for c in owners])
+        if mean:
+            den = torch.cat([served[c]["count"][trainer] for c in owners]).float()
+            shift = torch.zeros_like(den)
+        else:
+            den = torch.cat([served[c]["den"][trainer] for c in owners])
+            shift = torch.cat([served[c]["shift"][trainer] for c in owners])
+        total = merge_into(num, den, shift, route.target_of_pair, int(route.target_counts.sum()))
+        out: dict[str, Any] = {"remote": {"num": total.num}}
+        if mean:
+            out["counts"] = total.den.round().long()
+        else:
+            out["remote"] |= {"den": total.den, "shift": total.shift}
+        if self.opts.sampling == "attention":
+            owner_of = self.router.owner[ids]
+            keys = torch.empty(ids.numel())
+            for c in owners:
+                keys[owner_of == self.router.index[c]] = served[c]["keys"][trainer]
+            out["remote"]["keys"] = keys
+        return out
+
+    # ---- results, evaluation, checkpoints --------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        """Embedding bytes (the paper's communication cost) apart from model bytes, and τ per round."""
+        ledger = self.transport.ledger
+        sent = sum(row["bytes"] for row in ledger.rows() if row["src"] != "server" and (
+            row["kind"] == "model" or (row["method"] in EXCHANGE and row["kind"] in ("embedding", "index"))))
+        return {"bytes_embedding": ledger.total(methods=EXCHANGE, kinds=("embedding", "index")),
+                "bytes_model": ledger.total(kinds=("model",)), "bytes_code_convention": sent,
+                "tau_by_round": self.taus}
+
+    def predict(self, evaluator: Evaluator) -> Tensor:
+        return evaluator.edge_logits(self.model)
+
+    def state_dict(self) -> dict[str, Any]:
+        return super().state_dict() | {"model": self.model.state_dict(), "tau": self.tau,
+                                       "losses": list(self.losses), "taus": list(self.taus)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.model.load_state_dict(state["model"])
+        self.tau, self.losses, self.taus = state["tau"], state["losses"], state["taus"]
+
+
+# ---- the baselines: presets of the same code (spec §5) --------------------------------------------
+class FedCrossOptions(FedAASOptions):
+    sampling: Literal["attention", "uniform", "all"] = "uniform"
+    interval: int | Literal["adaptive", "never"] = 1
+    local_fanouts: list[int] | None = [5, 5]
+    cross_fanouts: list[int] | None = [5, 5]
+
+
+class FedPNSOptions(FedAASOptions):
+    sampling: Literal["attention", "uniform", "all"] = "uniform"
+    interval: int | Literal["adaptive", "never"] = 2
+    between_sync: Literal["history", "drop"] = "drop"
+
+
+class FedLocalOptions(FedAASOptions):
+    sampling: Literal["attention", "uniform", "all"] = "uniform"
+    interval: int | Literal["adaptive", "never"] = "never"
+
+
+class FedAllOptions(FedAASOptions):
+    sampling: Literal["attention", "uniform", "all"] = "all"
+    interval: int | Literal["adaptive", "never"] = 1
+
+
+class FedAAS1Options(FedAASOptions):
+    interval: int | Literal["adaptive", "never"] = 1
+
+
+class FedAAS2Options(FedAASOptions):
+    sampling: Literal["attention", "uniform", "all"] = "all"
+
+
+class FedCross(FedAAS):
+    """Uniform 5 local + 5 cross-client picks per layer, synchronised at every step."""
+    name, Options = "fedcross", FedCrossOptions
+
+
+class FedPNS(FedAAS):
+    """The FedAAS paper's FedPNS: uniform picks, cross-client every 2 steps, local-only in between
+    (not fedgl's ``fedgnn-pns``, the Swift paper's version)."""
+    name, Options = "fedaas-pns", FedPNSOptions
+
+
+class FedLocal(FedAAS):
+    """Federated GraphSAGE-style sampling inside each client only; cross-client neighbours ignored."""
+    name, Options = "fedlocal", FedLocalOptions
+
+
+class FedAll(FedAAS):
+    """Every neighbour, synchronised at every step."""
+    name, Options = "fedall", FedAllOptions
+
+
+class FedAAS1(FedAAS):
+    """Attention sampling without adaptive synchronisation (τ = 1)."""
+    name, Options = "fedaas1", FedAAS1Options
+
+
+class FedAAS2(FedAAS):
+    """Adaptive synchronisation with every neighbour (no sampling)."""
+    name, Options = "fedaas2", FedAAS2Options

@@ -1,0 +1,274 @@
+"""FedAAS and its presets: the split attention layer and a sync step against independent dense
+computations, silence between syncs, the interval rules, the privacy audit, presets, backends."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.nn import functional as F
+from torch_geometric.nn import GATConv, SAGEConv
+
+from fedgl.comm import LocalTransport
+from fedgl.config import build_config, load_config
+from fedgl.errors import ConfigError
+from fedgl.models.split_attention import SplitAttentionNet, merge_into
+from fedgl.protocols.fedaas import EXCHANGE, next_interval
+from fedgl.results import read_jsonl
+from fedgl.runner import Run, run
+from test_swift import audited_rows
+
+PRESETS = ["fedaas", "fedcross", "fedaas-pns", "fedlocal", "fedall", "fedaas1", "fedaas2"]
+
+
+def config(protocol: dict, rounds: int = 2, clients: int = 3, nodes: int = 150) -> dict:
+    return {
+        "dataset": {"name": "synthetic", "options": {"num_nodes": nodes, "num_features": 16, "avg_degree": 6}},
+        "partition": {"num_clients": clients, "method": "random"},
+        "protocol": {"name": "fedaas", "widths": [16, 8], "fanouts": [4, 4], "interval_loss": "train", "batches": 4,
+                     **protocol},
+        "train": {"rounds": rounds, "lr": 0.01, "weight_decay": 0.0},
+        "network": {"compute": "ignore"},
+        "threads": 1,
+    }
+
+
+def spy_calls(monkeypatch) -> list[tuple[str, str, dict, object]]:
+    """Record (party, method, arguments, result) of every call the local transport executes."""
+    seen: list[tuple[str, str, dict, object]] = []
+    original = LocalTransport._execute
+
+    def spy(self, calls):
+        out = original(self, calls)
+        seen.extend((name, method, kwargs, result) for (name, method, kwargs), (result, _) in zip(calls, out))
+        return out
+
+    monkeypatch.setattr(LocalTransport, "_execute", spy)
+    return seen
+
+
+def gat(weight, att_src, att_dst, bias) -> GATConv:
+    conv = GATConv(weight.size(0), weight.size(1), heads=1)
+    conv.lin.weight.data = weight.detach().t().clone()
+    conv.att_src.data = att_src.detach().view(1, 1, -1).clone()
+    conv.att_dst.data = att_dst.detach().view(1, 1, -1).clone()
+    conv.bias.data = bias.detach().clone()
+    return conv
+
+
+# ---- the layer ---------------------------------------------------------------------------------------
+def test_split_layers_equal_pyg_and_split_exactly_by_owner():
+    torch.manual_seed(0)
+    n, x = 40, torch.randn(40, 8)
+    edges = torch.unique(torch.randint(0, n, (2, 160)), dim=1)
+    edges = edges[:, edges[0] != edges[1]]
+    net = SplitAttentionNet(8, [6], 3)
+    net.bias[0].data += 0.3
+    expected = torch.relu(gat(net.weights[0], net.att_src[0], net.att_dst[0], net.bias[0])(x, edges))
+    assert torch.allclose(net.embed(x, [(edges[0], edges[1])])[1], expected, atol=1e-5)
+    mean = SplitAttentionNet(8, [6], 3, "mean")
+    sage = SAGEConv(8, 6)
+    sage.lin_l.weight.data, sage.lin_l.bias.data = mean.weights[0].data.t(), mean.bias[0].data
+    sage.lin_r.weight.data = mean.roots[0].data.t()
+    assert torch.allclose(mean.embed(x, [(edges[0], edges[1])])[1], torch.relu(sage(x, edges)), atol=1e-5)
+    # Sources split between two "owners": their partials, merged by log-sum-exp, are the whole sum.
+    z = net.project(0, x)
+    s, r = net.scores(0, z)
+    e = F.leaky_relu(s[edges[1]] + r[edges[0]], 0.2)
+    ones = torch.ones(e.numel())
+    whole = merge_into(z[edges[0]], ones, e, edges[1], n)
+    half = edges[0] < n // 2
+    parts = [merge_into(z[edges[0][m]], ones[m], e[m], edges[1][m], n) for m in (half, ~half)]
+    merged = merge_into(torch.cat([p.num for p in parts]), torch.cat([p.den for p in parts]),
+                        torch.cat([p.shift for p in parts]), torch.arange(n).repeat(2), n)
+    assert torch.allclose(merged.num / merged.den.clamp(min=1e-30).unsqueeze(1),
+                          whole.num / whole.den.clamp(min=1e-30).unsqueeze(1), atol=1e-6)
+
+
+@pytest.mark.parametrize("projection", ["owner", "receiver"])
+def test_sync_step_remote_aggregate_equals_dense_eq11(tmp_path, monkeypatch, projection):
+    """Every neighbour, one batch, θ_q = θ_k: the remote aggregate client 0 receives is Eq. 11 (with
+    GAT's softmax) over its batch's remote in-neighbours, computed densely from the global graph (of
+    the projected rows θ_q h_w, or of the rows h_w for the receiver to project), and its loss is that
+    of PyG's GATConv stack (layer 1 on in-client edges, layer 2 on every edge)."""
+    cfg = config({"sampling": "all", "interval": 1, "batches": 1, "remote_projection": projection},
+                 clients=3, nodes=90)
+    job = Run(build_config(cfg), tmp_path)
+    proto, transport = job.protocol, job.transport
+    transport.call_many(proto.clients, "start", state=proto.model.state_dict())
+    seen = spy_calls(monkeypatch)
+    proto.sync(proto.clients)
+    request = next(res for name, method, _, res in seen if (name, method) == ("client0", "request"))
+    finish = next((kw, res) for name, method, kw, res in seen if (name, method) == ("client0", "finish"))
+    remote = finish[0]["remote"]
+
+    data, net, owner = job.evaluator.data, proto.model, proto.router.owner
+    party = transport._parties["client0"]
+    src, dst = data.edge_index
+    intra = owner[src] == owner[dst]
+    with torch.no_grad():  # the independent computation
+        layer1 = gat(net.weights[0], net.att_src[0], net.att_dst[0], net.bias[0])
+        h1 = torch.relu(layer1(data.x, data.edge_index[:, intra]))
+        z = h1 @ net.weights[1]
+        s, r = z @ net.att_dst[1], z @ net.att_src[1]
+        targets = party.global_ids[torch.unique(request["targets"])]
+        assert targets.numel() > 5
+        for i, v in enumerate(targets.tolist()):
+            w = src[(dst == v) & (owner[src] != 0)]
+            e = F.leaky_relu(s[v] + r[w], 0.2)
+            assert math.isclose(float(torch.log(remote["den"][i]) + remote["shift"][i]), float(torch.logsumexp(e, 0)),
+                                rel_tol=1e-5)
+            rows = z[w] if projection == "owner" else h1[w]
+            assert torch.allclose(remote["num"][i] / remote["den"][i], torch.softmax(e, 0) @ rows, atol=1e-5)
+        h2 = torch.relu(gat(net.weights[1], net.att_src[1], net.att_dst[1], net.bias[1])(h1, data.edge_index))
+        batch = party.global_ids[party.train_idx]
+        expected = F.cross_entropy(net.head(h2[batch]), data.y[batch])
+    assert math.isclose(finish[1]["loss"], float(expected), rel_tol=1e-5)
+
+
+# ---- schedule and interval ---------------------------------------------------------------------------
+def test_no_cross_client_message_between_syncs(tmp_path, monkeypatch):
+    """τ = 5 and 10 batches: each round is start, two sync chains each followed by four silent steps,
+    upload; every embedding or index byte is in a sync chain's calls."""
+    seen = spy_calls(monkeypatch)
+    res = run(build_config(config({"interval": 5, "batches": 10}, rounds=2)), tmp_path)
+    phases = [method for i, (_, method, _, _) in enumerate(seen) if i == 0 or seen[i - 1][1] != method]
+    one_round = ["start", "request", "serve", "finish", "local", "request", "serve", "finish", "local", "upload"]
+    assert phases == one_round * 2
+    assert all(kw["steps"] == 4 for _, method, kw, _ in seen if method == "local")
+    crossing = [row for row in read_jsonl(tmp_path / "ledger.jsonl") if row["kind"] in ("embedding", "index")]
+    assert crossing and all(row["method"] in EXCHANGE for row in crossing)
+    assert res.summary["bytes_embedding"] == sum(row["bytes"] for row in crossing)
+    assert {row["round"] for row in crossing if row["method"] == "serve"} == {1, 2}
+
+
+@pytest.mark.parametrize("rule, losses, tau, expected", [
+    ("paper", [1.0, 0.64], 10, 8),  # ceil(0.8 * 10)
+    ("paper", [1.0, 0.01], 10, 2),  # ceil(0.1 * 10) = 1, clipped to τ_min
+    ("paper", [1.0, 1.44], 4, 10),  # the loss rose: clipped to τ_0
+    ("code", [1.0, 0.64], 10, 10),  # the loss fell: τ kept
+    ("code", [1.0, 0.5, 0.6], 10, 7),  # the loss rose: min(τ - 1, floor(sqrt(0.6) * 10))
+])
+def test_interval_rules(rule, losses, tau, expected):
+    assert next_interval(rule, losses, tau, 10, 2) == expected
+
+
+def test_code_rule_never_grows_and_drops_by_one_on_a_flat_loss():
+    taus, tau = [], 10
+    for losses in ([1.0, 1.0], [1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 0.9], [1.0, 1.0, 1.0, 0.9, 2.0]):
+        tau = next_interval("code", losses, tau, 10, 2)
+        taus.append(tau)
+    assert taus == [9, 8, 8, 7]
+
+
+# ---- presets and privacy -----------------------------------------------------------------------------
+def test_presets_are_option_sets_of_one_protocol(tmp_path):
+    cross = run(build_config(config({"name": "fedcross"})), tmp_path / "a")
+    same = run(build_config(config({"name": "fedaas", "sampling": "uniform", "interval": 1,
+                                    "local_fanouts": [5, 5], "cross_fanouts": [5, 5]})), tmp_path / "b")
+    assert [m["train_loss"] for m in cross.metrics] == [m["train_loss"] for m in same.metrics]
+    assert cross.summary["bytes_by_kind"] == same.summary["bytes_by_kind"]
+    local = run(build_config(config({"name": "fedlocal"})), tmp_path / "c")
+    assert local.summary["bytes_embedding"] == 0 and cross.summary["bytes_embedding"] > 0
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_no_raw_feature_row_crosses(tmp_path, monkeypatch, name):
+    """Hidden widths equal the feature width, so every hidden row sent is checked against raw rows."""
+    assert audited_rows(config({"name": name, "widths": [16, 16]}, rounds=1), tmp_path, monkeypatch) == []
+
+
+@pytest.mark.parametrize("min_rows", [1, 2])
+def test_min_pair_rows_withholds_single_neighbour_pairs(tmp_path, monkeypatch, min_rows):
+    seen = spy_calls(monkeypatch)
+    run(build_config(config({"interval": 1, "min_pair_rows": min_rows, "fanouts": [6, 6]}, rounds=1)), tmp_path)
+    singles = []
+    for _, method, kw, res in seen:
+        if method == "serve":
+            for trainer, req in kw["incoming"].items():
+                single = torch.bincount(req["pair"]) == 1
+                singles.append(res["num"][trainer][single].abs().sum(1) > 0)
+    sent = torch.cat(singles)
+    assert sent.numel() > 0  # single-row pairs occur (spec §9.6)
+    assert bool(sent.all()) if min_rows == 1 else not bool(sent.any())
+
+
+# ---- configuration and backends ----------------------------------------------------------------------
+@pytest.mark.parametrize("protocol, match", [
+    ({"fanouts": [10]}, "fanouts needs one entry per layer"),
+    ({"aggregate": "mean"}, "no attention scores"),
+    ({"local_fanouts": [5, 5]}, "go together"),
+    ({"interval": 0}, "interval"),
+    ({"tau_min": 12}, "exceeds tau0"),
+])
+def test_bad_options_are_config_errors(protocol, match):
+    with pytest.raises(ConfigError, match=match):
+        build_config(config(protocol))
+
+
+def test_server_interval_loss_needs_held_out_nodes(tmp_path):
+    cfg = config({"interval_loss": "server"})
+    with pytest.raises(ConfigError, match="held-out nodes"):
+        Run(build_config(cfg), tmp_path)
+    cfg["partition"] |= {"client_nodes": "train", "method": "stratified"}
+    res = run(build_config(cfg), tmp_path / "held-out")
+    assert all(m["interval_loss"] > 0 for m in res.metrics)
+
+
+@pytest.mark.ray
+def test_local_and_ray_backends_agree(tmp_path, ray_session):
+    cfg = config({"interval": 2}, rounds=2)
+    local = run(build_config(cfg), tmp_path / "local")
+    remote = run(build_config(cfg | {"backend": {"name": "ray", "actors": 1}}), tmp_path / "ray")
+    assert [r["train_loss"] for r in local.metrics] == [r["train_loss"] for r in remote.metrics]
+    assert [r["val_accuracy"] for r in local.metrics] == [r["val_accuracy"] for r in remote.metrics]
+    assert read_jsonl(tmp_path / "local" / "ledger.jsonl") == read_jsonl(tmp_path / "ray" / "ledger.jsonl")
+
+
+def test_bench_tasks_are_valid_configurations():
+    from fedgl.bench.core import variant_config
+    from fedgl.bench.fedaas import TASKS
+
+    for task in TASKS.values():
+        for variant in task.variants:
+            assert variant_config(task, variant, 0, {}).protocol_name in PRESETS
+
+
+@pytest.mark.slow
+def test_example_runs_as_it_is(data_root, tmp_path):
+    cfg = load_config("examples/fedaas-cs.yaml", ["train.rounds=2"])
+    res = run(cfg, tmp_path)
+    assert res.metrics[-1]["train_loss"] < res.metrics[0]["train_loss"]
+
+
+def test_resume_continues_the_trajectory_history_and_interval_included(tmp_path):
+    """τ (code rule), the history store and the keys survive a checkpoint."""
+    base = config({"interval_rule": "code", "tau0": 3, "batches": 4}, rounds=4)
+    straight = run(build_config(base), tmp_path / "a").metrics
+    run(build_config({**base, "train": {**base["train"], "rounds": 2}, "checkpoint_every": 2}), tmp_path / "b")
+    resumed = run(build_config({**base, "checkpoint_every": 2}), tmp_path / "b", resume=True).metrics
+    assert [r["round"] for r in resumed] == [1, 2, 3, 4]
+    for a, b in zip(straight, resumed):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], abs=1e-6)
+        assert (a["tau"], a["bytes_total"]) == (b["tau"], b["bytes_total"])
+
+
+def test_attention_sampling_follows_eq10(tmp_path):
+    """Single picks of one node's in-neighbours (local and remote) drawn many times follow
+    p_vw = softmax(e_vw) with remote keys from the history store (a chi-square bound)."""
+    job = Run(build_config(config({}, nodes=200, clients=2)), tmp_path)
+    client = job.transport._parties["client0"]
+    client.keys[1] = torch.linspace(-2.0, 2.0, client.keys[1].numel())  # as if learnt at earlier syncs
+    csr = client.full_csr
+    degree = csr.degree()[: client.n]
+    v = int(torch.argmax(degree))
+    need = torch.tensor([v])
+    weights = client._weights(1, csr, need)[csr.rowptr[v]: csr.rowptr[v + 1]]
+    p = weights / weights.sum()
+    assert float(p.max() / p.min()) > 2  # the scores make the draw far from uniform
+    draws = torch.cat([client._hop(csr, need, 1, layer=1)[1] for _ in range(1000)])
+    counts = torch.bincount(draws, minlength=csr.num_nodes)[csr.col[csr.rowptr[v]: csr.rowptr[v + 1]]]
+    expected = 1000 * p
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert counts.sum() == 1000 and chi2 < 3 * len(p) + 20  # dof = len(p) - 1; far above its mean
