@@ -116,7 +116,32 @@ class PartitionStats:
 
 
 @dataclass(frozen=True, eq=False)
-class HorizontalShard:
+class NodeShard:
+    """A set of nodes (global ids ``nodes``) with their features, labels and masks, and edges
+    among them in local ids."""
+
+    nodes: Tensor
+    x: Tensor
+    y: Tensor
+    train_mask: Tensor
+    val_mask: Tensor
+    test_mask: Tensor
+    edge_index: Tensor
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.nodes.numel())
+
+
+@dataclass(frozen=True, eq=False)
+class ServerShard(NodeShard):
+    """The nodes no client owns (e.g. validation and test nodes when clients hold training nodes
+    only), placed at the server with the edges among them (no edge drop; edges to client nodes are
+    absent). FedAAS's server computes its own loss here."""
+
+
+@dataclass(frozen=True, eq=False)
+class HorizontalShard(NodeShard):
     """One client's private subgraph: its own nodes with all their features and labels.
 
     ``edge_index`` holds intra-client edges in local indices. ``cross_edges`` holds one column
@@ -126,38 +151,7 @@ class HorizontalShard:
     """
 
     client: int
-    nodes: Tensor
-    x: Tensor
-    y: Tensor
-    train_mask: Tensor
-    val_mask: Tensor
-    test_mask: Tensor
-    edge_index: Tensor
     cross_edges: Tensor
-
-    @property
-    def num_nodes(self) -> int:
-        return int(self.nodes.numel())
-
-
-@dataclass(frozen=True, eq=False)
-class ServerShard:
-    """The nodes no client owns (e.g. validation and test nodes when clients hold training nodes
-    only), placed at the server: their features, labels, masks and the edges among them in local
-    ids (no edge drop; edges to client nodes are absent). FedAAS's server computes its own loss here.
-    """
-
-    nodes: Tensor
-    x: Tensor
-    y: Tensor
-    train_mask: Tensor
-    val_mask: Tensor
-    test_mask: Tensor
-    edge_index: Tensor
-
-    @property
-    def num_nodes(self) -> int:
-        return int(self.nodes.numel())
 
 
 @dataclass(frozen=True, eq=False)
