@@ -177,7 +177,19 @@ ABLATION = BenchTask(
               Variant("FedLocal", {"protocol.name": "fedlocal"})],
     columns=COLUMNS, seeds=1, quick=QUICK, source=SOURCE, finish=curves)
 
+# The diagnosis of the CS shortfall: the same run with the mean aggregator (Eq. 11 read as GraphSAGE)
+# and uniform picks, i.e. without the attention whose remote partials are constants in the backward pass.
+AGGREGATE = BenchTask(
+    name="fedaas-aggregate-cs",
+    description="CS (iid), 50 rounds: FedAAS with the mean aggregator and uniform picks (no attention), to set "
+                "beside fedaas-table2-cs's FedAAS iid (attention aggregation and sampling).",
+    base=base("cs"),
+    variants=[Variant("FedAAS mean uniform", {"protocol.aggregate": "mean", "protocol.sampling": "uniform"},
+                      _reference("FedAAS", "cs", "iid"))],
+    columns=COLUMNS, seeds=1, quick=QUICK, source=SOURCE, finish=curves)
+
 TASKS: dict[str, BenchTask] = {
+    "fedaas-aggregate-cs": AGGREGATE,
     **{f"fedaas-table2-{d}": table2(d) for d in SPLITS},
     "fedaas-cost": COST,
     "fedaas-ablation-cs": ABLATION,
