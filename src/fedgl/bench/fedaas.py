@@ -179,13 +179,16 @@ ABLATION = BenchTask(
 
 # The diagnosis of the CS shortfall: the same run with the mean aggregator (Eq. 11 read as GraphSAGE)
 # and uniform picks, i.e. without the attention whose remote partials are constants in the backward pass.
+MEAN_UNIFORM = {"protocol.aggregate": "mean", "protocol.sampling": "uniform"}
 AGGREGATE = BenchTask(
     name="fedaas-aggregate-cs",
-    description="CS (iid), 50 rounds: FedAAS with the mean aggregator and uniform picks (no attention), to set "
-                "beside fedaas-table2-cs's FedAAS iid (attention aggregation and sampling).",
+    description="CS and PubMed (iid), 50 rounds: FedAAS with the mean aggregator and uniform picks (no attention), "
+                "to set beside fedaas-table2-cs/-pubmed's FedAAS iid (attention aggregation and sampling).",
     base=base("cs"),
-    variants=[Variant("FedAAS mean uniform", {"protocol.aggregate": "mean", "protocol.sampling": "uniform"},
-                      _reference("FedAAS", "cs", "iid"))],
+    variants=[Variant("FedAAS mean uniform", MEAN_UNIFORM, _reference("FedAAS", "cs", "iid")),
+              Variant("PubMed FedAAS mean uniform", {**MEAN_UNIFORM, "dataset.name": "pubmed",
+                                                     "dataset.split": SPLITS["pubmed"]},
+                      _reference("FedAAS", "pubmed", "iid"))],
     columns=COLUMNS, seeds=1, quick=QUICK, source=SOURCE, finish=curves)
 
 TASKS: dict[str, BenchTask] = {
