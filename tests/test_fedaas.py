@@ -3,6 +3,8 @@ computations, silence between syncs, the interval rules, the privacy audit, pres
 
 from __future__ import annotations
 
+import copy
+
 import math
 
 import pytest
@@ -125,6 +127,53 @@ def test_sync_step_remote_aggregate_equals_dense_eq11(tmp_path, monkeypatch, pro
         batch = party.global_ids[party.train_idx]
         expected = F.cross_entropy(net.head(h2[batch]), data.y[batch])
     assert math.isclose(finish[1]["loss"], float(expected), rel_tol=1e-5)
+
+
+def dense_gat_layer(h, weight, att_src, att_dst, bias, edges, const):
+    """GAT v1 (one head, self loops) written out; rows of nodes in ``const`` (other owners') enter as
+    constants: their projections and keys are fixed, while every logit still moves with its target's
+    query."""
+    n = h.size(0)
+    z = h @ weight
+    fixed = torch.where(const.unsqueeze(1), z.detach(), z)
+    key = torch.where(const, (z @ att_src).detach(), fixed @ att_src)
+    loops = torch.arange(n)
+    src, dst = torch.cat([edges[0], loops]), torch.cat([edges[1], loops])
+    e = F.leaky_relu(z[dst] @ att_dst + key[src], 0.2)
+    weight_of_edge = torch.exp(e - e.max())
+    num = torch.zeros(n, z.size(1)).index_add(0, dst, weight_of_edge.unsqueeze(1) * fixed[src])
+    den = torch.zeros(n).index_add(0, dst, weight_of_edge)
+    return torch.relu(num / den.unsqueeze(1) + bias)
+
+
+def test_exact_query_gradient_equals_the_dense_gradient(tmp_path):
+    """With ``query_gradient: exact``, a sync step's gradient equals the gradient of the dense
+    computation in which other owners' rows are constants but every logit moves with its target's
+    query; with ``stopped`` it does not."""
+    grads = {}
+    for mode in ("exact", "stopped"):
+        cfg = config({"sampling": "all", "interval": 1, "batches": 1, "query_gradient": mode}, clients=3, nodes=90)
+        job = Run(build_config(cfg), tmp_path / mode)
+        proto, transport = job.protocol, job.transport
+        transport.call_many(proto.clients, "start", state=proto.model.state_dict())
+        proto.sync(proto.clients)
+        party = transport._parties["client0"]
+        grads[mode] = {k: p.grad.clone() for k, p in party.model.named_parameters() if p.grad is not None}
+    data, owner = job.evaluator.data, proto.router.owner
+    net = copy.deepcopy(proto.model)
+    src, dst = data.edge_index
+    remote = owner != 0
+    h1 = dense_gat_layer(data.x, net.weights[0], net.att_src[0], net.att_dst[0], net.bias[0],
+                         data.edge_index[:, owner[src] == owner[dst]], remote)
+    h1 = torch.where(remote.unsqueeze(1), h1.detach(), h1)
+    h2 = dense_gat_layer(h1, net.weights[1], net.att_src[1], net.att_dst[1], net.bias[1], data.edge_index, remote)
+    batch = party.global_ids[party.train_idx]
+    F.cross_entropy(net.head(h2[batch]), data.y[batch]).backward()
+    expected = {k: p.grad for k, p in net.named_parameters() if p.grad is not None}
+    assert grads["exact"].keys() == expected.keys()
+    for key, value in expected.items():
+        assert torch.allclose(grads["exact"][key], value, atol=1e-5), key
+    assert not torch.allclose(grads["stopped"]["att_dst.1"], expected["att_dst.1"], atol=1e-5)
 
 
 # ---- schedule and interval ---------------------------------------------------------------------------

@@ -36,6 +36,10 @@ class Partial:
     num: Tensor  # [T, d]
     den: Tensor  # [T]
     shift: Tensor  # [T]; -inf for a row with no terms
+    # With an exact query gradient: the same sums with each term weighted by its logit's slope in
+    # the target's query (d num / d query and d den / d query, at the same shift).
+    dnum: Tensor | None = None
+    dden: Tensor | None = None
 
 
 def merge_into(num: Tensor, den: Tensor, shift: Tensor, index: Tensor, size: int) -> Partial:
@@ -134,8 +138,16 @@ class SplitAttentionNet(nn.Module):
         if remote is not None:
             remote_rows, part = remote
             keep = torch.isin(remote_rows, rows) if used is not None else torch.ones_like(remote_rows, dtype=torch.bool)
-            num = torch.cat([num, part.num[keep]])
-            den, shift = torch.cat([den, part.den[keep]]), torch.cat([shift, part.shift[keep]])
+            part_num, part_den = part.num[keep], part.den[keep]
+            if part.dnum is not None:
+                # Remote terms are constants, but their logits move with the target's query: a
+                # first-order term with zero value carries exactly that derivative.
+                moved = s[at(remote_rows[keep])]
+                moved = moved - moved.detach()
+                part_num = part_num + moved.unsqueeze(1) * part.dnum[keep]
+                part_den = part_den + moved * part.dden[keep]
+            num = torch.cat([num, part_num])
+            den, shift = torch.cat([den, part_den]), torch.cat([shift, part.shift[keep]])
             index = torch.cat([index, out_at(remote_rows[keep])])
         total = merge_into(num, den, shift, index, rows.numel())
         out = total.num / total.den.clamp(min=1e-30 if self.aggregate == "attention" else 1).unsqueeze(1)
@@ -147,7 +159,7 @@ class SplitAttentionNet(nn.Module):
         return torch.zeros(n, out.size(1)).index_copy(0, rows, out)
 
     def serve(self, layer: int, h: Tensor, query: Tensor, pair: Tensor, num_pairs: int,
-              projected: bool = True) -> tuple[Partial, Tensor]:
+              projected: bool = True, slopes: bool = False) -> tuple[Partial, Tensor]:
         """An owner's partials for ``num_pairs`` pairs from its rows ``h`` (layer ``layer``'s inputs of
         the picked nodes, pick i in pair ``pair[i]``) and the pairs' target queries; with the keys
         a_src·W h of the picks (the trainer's sampling scores of these remote neighbours). Unless
@@ -156,7 +168,13 @@ class SplitAttentionNet(nn.Module):
         z = self.project(layer, h)
         s, r = self.scores(layer, z)
         den, shift = self.edge_terms(r, query[pair])
-        return merge_into(z if projected else h, den, shift, pair, num_pairs), r
+        rows = z if projected else h
+        part = merge_into(rows, den, shift, pair, num_pairs)
+        if slopes:  # each logit's derivative in the target's query: LeakyReLU's slope at it
+            slope = torch.where(query[pair] + r > 0, 1.0, NEGATIVE_SLOPE)
+            moved = merge_into(rows * slope.unsqueeze(1), slope, shift, pair, num_pairs)
+            part.dnum, part.dden = moved.num, moved.den
+        return part, r
 
     # ---- the whole graph ------------------------------------------------------------------------
     def embed(self, x: Tensor, edges: list[tuple[Tensor, Tensor]],

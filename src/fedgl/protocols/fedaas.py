@@ -68,6 +68,10 @@ class FedAASOptions(ProtocolOptions):
     remote_projection: Literal["owner", "receiver"] = Field("owner", description=(
         "owner: pairs carry Σ θ_q h_w (Eq. 11); receiver: Σ h_w, projected by the receiver's current θ at "
         "every use (the code's), so a stored aggregate follows the model"))
+    query_gradient: Literal["stopped", "exact"] = Field("stopped", description=(
+        "attention: received partials are constants in the backward pass (stopped), or owners also send "
+        "their slope-weighted sums so the gradient through the target's query is exact (one more vector "
+        "and scalar per pair)"))
     batches: int = Field(10, ge=1, description="mini-batches per local epoch")
     local_epochs: int = Field(1, ge=1)
     client_fraction: float = Field(1.0, gt=0, le=1, description="m / K, clients drawn each round")
@@ -155,8 +159,11 @@ class FedAASClient(HorizontalClient):
         self.keys = {layer: torch.zeros(remote) for layer in range(1, layers)}
         # A partial is in its layer's output width, or in its input width when the receiver projects it.
         offset = 1 if self.opts.remote_projection == "receiver" else 0
+        self.exact = self.opts.query_gradient == "exact" and self.opts.aggregate == "attention"
         self.stored = {layer: Partial(torch.zeros(n, self.opts.widths[layer - offset]), torch.zeros(n),
-                                      torch.full((n,), float("-inf"))) for layer in range(1, layers)}
+                                      torch.full((n,), float("-inf")),
+                                      *((torch.zeros(n, self.opts.widths[layer - offset]), torch.zeros(n))
+                                        if self.exact else ())) for layer in range(1, layers)}
         self.optimizer: torch.optim.Optimizer | None = None
         self.queue: list[Tensor] = []
         self.losses: list[float] = []
@@ -241,7 +248,8 @@ class FedAASClient(HorizontalClient):
         if remote is None or self.opts.remote_projection == "owner":
             return remote
         rows, part = remote
-        return rows, Partial(self.model.project(layer, part.num), part.den, part.shift)
+        project = (lambda t: None if t is None else self.model.project(layer, t))
+        return rows, Partial(project(part.num), part.den, part.shift, project(part.dnum), part.dden)
 
     def _advance(self, step: Step, upto: int) -> None:
         """Compute layer inputs ``hs[0..upto]`` (with gradients)."""
@@ -271,10 +279,12 @@ class FedAASClient(HorizontalClient):
         if self.opts.aggregate == "mean":
             part = Partial(remote["num"], counts.float(), torch.zeros(rows.numel()))
         else:
-            part = Partial(remote["num"], remote["den"], remote["shift"])
+            part = Partial(remote["num"], remote["den"], remote["shift"], remote.get("dnum"), remote.get("dden"))
         step.remote[layer] = (rows, part)
         store = self.stored[layer]
         store.num[rows], store.den[rows], store.shift[rows] = part.num, part.den, part.shift
+        if self.exact:
+            store.dnum[rows], store.dden[rows] = part.dnum, part.dden
         if "keys" in remote:
             seen = ~torch.isnan(remote["keys"])
             self.keys[layer][cols[seen] - self.n] = remote["keys"][seen]
@@ -326,7 +336,8 @@ class FedAASClient(HorizontalClient):
         return {"targets": targets, "ids": self.remote_ids[cols - self.n], "query": query.detach()}
 
     @rpc(incoming="index", query="embedding",
-         returns={"num": "embedding", "den": "embedding", "shift": "embedding", "keys": "embedding", "count": "index"})
+         returns={"num": "embedding", "den": "embedding", "shift": "embedding", "keys": "embedding", "count": "index",
+                  "dnum": "embedding", "dden": "embedding"})
     def serve(self, layer: int, incoming: dict[str, dict[str, Tensor]], query: dict[str, Tensor]) -> dict:
         """Owner side of Eq. 11: per (target, this owner) pair, the partial over the picked nodes with
         this client's current model; pairs summing fewer than ``min_pair_rows`` rows are withheld."""
@@ -338,13 +349,16 @@ class FedAASClient(HorizontalClient):
             npairs = int(pair.max()) + 1
             with torch.no_grad():
                 part, keys = self.model.serve(layer, h[u], query[trainer], pair, npairs,
-                                              projected=self.opts.remote_projection == "owner")
+                                              projected=self.opts.remote_projection == "owner", slopes=self.exact)
             count = torch.bincount(pair, minlength=npairs)
             held = count < self.opts.min_pair_rows
             part.num[held], part.den[held], part.shift[held] = 0.0, 0.0, float("-inf")
             count[held] = 0
             reply = {"num": part.num, "count": count} if mean else \
                 {"num": part.num, "den": part.den, "shift": part.shift}
+            if self.exact:
+                part.dnum[held], part.dden[held] = 0.0, 0.0
+                reply |= {"dnum": part.dnum, "dden": part.dden}
             if self.opts.sampling == "attention":
                 reply["keys"] = torch.where(held[pair], float("nan"), keys)
             for key, value in reply.items():
@@ -488,12 +502,18 @@ class FedAAS(Protocol):
         else:
             den = torch.cat([served[c]["den"][trainer] for c in owners])
             shift = torch.cat([served[c]["shift"][trainer] for c in owners])
-        total = merge_into(num, den, shift, route.target_of_pair, int(route.target_counts.sum()))
+        size = int(route.target_counts.sum())
+        total = merge_into(num, den, shift, route.target_of_pair, size)
         out: dict[str, Any] = {"remote": {"num": total.num}}
         if mean:
             out["counts"] = total.den.round().long()
         else:
             out["remote"] |= {"den": total.den, "shift": total.shift}
+        if "dnum" in served[owners[0]]:  # the slope-weighted sums merge at the same shifts
+            moved = merge_into(torch.cat([served[c]["dnum"][trainer] for c in owners]),
+                               torch.cat([served[c]["dden"][trainer] for c in owners]), shift,
+                               route.target_of_pair, size)
+            out["remote"] |= {"dnum": moved.num, "dden": moved.den}
         if self.opts.sampling == "attention":
             owner_of = self.router.owner[ids]
             keys = torch.empty(ids.numel())
