@@ -280,3 +280,21 @@ def test_progress_lines_when_output_is_not_a_terminal(tmp_path, capsys):
     assert len(lines) == 20 and all("eta" in line and "B  elapsed" in line for line in lines), proc.stdout
     assert main(["run", *TINY, "--json", "--out", str(tmp_path / "j")]) == 0
     assert json.loads(capsys.readouterr().out)["rounds"] == 3
+
+
+def test_bench_reuses_a_run_made_before_an_option_existed(tmp_path):
+    """A run's saved config lacks options added since (they take their defaults): still the same run."""
+    import yaml
+
+    from fedgl.bench.core import finished_summary
+    from fedgl.config import build_config
+    from fedgl.runner import Run
+
+    cfg = build_config({"dataset": {"options": {"num_nodes": 300}}, "train": {"rounds": 2}})
+    Run(cfg, tmp_path).execute(progress=False)
+    saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    del saved["backend"]["on_client_failure"]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(saved))
+    assert finished_summary(tmp_path, cfg)["rounds"] == 2
+    other = build_config({"dataset": {"options": {"num_nodes": 300}}, "train": {"rounds": 2, "lr": 0.05}})
+    assert finished_summary(tmp_path, other) is None

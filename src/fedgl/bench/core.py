@@ -104,7 +104,11 @@ def finished_summary(folder: Path, cfg: RunConfig) -> dict[str, Any] | None:
     summary, config = folder / SUMMARY, folder / CONFIG
     if not (summary.exists() and config.exists()):
         return None
-    if yaml.safe_load(config.read_text()) != cfg.model_dump(mode="json"):
+    try:  # both read through today's config model: options added since then take their defaults
+        earlier = build_config(yaml.safe_load(config.read_text())).model_dump(mode="json")
+    except ConfigError:
+        return None
+    if earlier != build_config(cfg.model_dump(mode="json")).model_dump(mode="json"):
         return None
     found = json.loads(summary.read_text())
     if not (folder / FINISHED).exists() and found.get("finished", True) is not True:
