@@ -183,12 +183,15 @@ MEAN_UNIFORM = {"protocol.aggregate": "mean", "protocol.sampling": "uniform"}
 AGGREGATE = BenchTask(
     name="fedaas-aggregate-cs",
     description="CS and PubMed (iid), 50 rounds: FedAAS with the mean aggregator and uniform picks (no attention), "
-                "to set beside fedaas-table2-cs/-pubmed's FedAAS iid (attention aggregation and sampling).",
+                "to set beside fedaas-table2-cs/-pubmed's FedAAS iid (attention aggregation and sampling); on CS also "
+                "the default attention with an exact gradient through the target's query.",
     base=base("cs"),
     variants=[Variant("FedAAS mean uniform", MEAN_UNIFORM, _reference("FedAAS", "cs", "iid")),
               Variant("PubMed FedAAS mean uniform", {**MEAN_UNIFORM, "dataset.name": "pubmed",
                                                      "dataset.split": SPLITS["pubmed"]},
-                      _reference("FedAAS", "pubmed", "iid"))],
+                      _reference("FedAAS", "pubmed", "iid")),
+              Variant("FedAAS exact query gradient", {"protocol.query_gradient": "exact"},
+                      _reference("FedAAS", "cs", "iid"))],
     columns=COLUMNS, seeds=1, quick=QUICK, source=SOURCE, finish=curves)
 
 TASKS: dict[str, BenchTask] = {
