@@ -509,7 +509,7 @@ class FedAAS(Protocol):
             out["counts"] = total.den.round().long()
         else:
             out["remote"] |= {"den": total.den, "shift": total.shift}
-        if "dnum" in served[owners[0]]:  # the slope-weighted sums merge at the same shifts
+        if self.opts.query_gradient == "exact" and not mean:  # slope-weighted sums merge at the same shifts
             moved = merge_into(torch.cat([served[c]["dnum"][trainer] for c in owners]),
                                torch.cat([served[c]["dden"][trainer] for c in owners]), shift,
                                route.target_of_pair, size)
