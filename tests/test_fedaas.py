@@ -50,13 +50,21 @@ def spy_calls(monkeypatch) -> list[tuple[str, str, dict, object]]:
     return seen
 
 
-def gat(weight, att_src, att_dst, bias) -> GATConv:
-    conv = GATConv(weight.size(0), weight.size(1), heads=1)
+def gat(weight, att_src, att_dst, bias, self_loops: bool = True) -> GATConv:
+    conv = GATConv(weight.size(0), weight.size(1), heads=1, add_self_loops=self_loops)
     conv.lin.weight.data = weight.detach().t().clone()
     conv.att_src.data = att_src.detach().view(1, 1, -1).clone()
     conv.att_dst.data = att_dst.detach().view(1, 1, -1).clone()
     conv.bias.data = bias.detach().clone()
     return conv
+
+
+def pyg_layer(net: SplitAttentionNet, layer: int, h, edges):
+    """Layer ``layer`` of ``net`` from PyG: GATConv (with GAT's self loops, or without them plus the
+    separate root weight of ``root: true``), then ReLU."""
+    conv = gat(net.weights[layer], net.att_src[layer], net.att_dst[layer], net.bias[layer], net.self_loops)
+    out = conv(h, edges)
+    return torch.relu(out if net.self_loops else out + h @ net.roots[layer])
 
 
 # ---- the layer ---------------------------------------------------------------------------------------
@@ -65,10 +73,11 @@ def test_split_layers_equal_pyg_and_split_exactly_by_owner():
     n, x = 40, torch.randn(40, 8)
     edges = torch.unique(torch.randint(0, n, (2, 160)), dim=1)
     edges = edges[:, edges[0] != edges[1]]
-    net = SplitAttentionNet(8, [6], 3)
-    net.bias[0].data += 0.3
-    expected = torch.relu(gat(net.weights[0], net.att_src[0], net.att_dst[0], net.bias[0])(x, edges))
-    assert torch.allclose(net.embed(x, [(edges[0], edges[1])])[1], expected, atol=1e-5)
+    for root in (False, True):
+        net = SplitAttentionNet(8, [6], 3, root=root)
+        net.bias[0].data += 0.3
+        expected = pyg_layer(net, 0, x, edges)
+        assert torch.allclose(net.embed(x, [(edges[0], edges[1])])[1], expected, atol=1e-5)
     mean = SplitAttentionNet(8, [6], 3, "mean")
     sage = SAGEConv(8, 6)
     sage.lin_l.weight.data, sage.lin_l.bias.data = mean.weights[0].data.t(), mean.bias[0].data
@@ -93,7 +102,8 @@ def test_sync_step_remote_aggregate_equals_dense_eq11(tmp_path, monkeypatch, pro
     """Every neighbour, one batch, θ_q = θ_k: the remote aggregate client 0 receives is Eq. 11 (with
     GAT's softmax) over its batch's remote in-neighbours, computed densely from the global graph (of
     the projected rows θ_q h_w, or of the rows h_w for the receiver to project), and its loss is that
-    of PyG's GATConv stack (layer 1 on in-client edges, layer 2 on every edge)."""
+    of the same stack built from PyG's GATConv and the root weight (layer 1 on in-client edges,
+    layer 2 on every edge)."""
     cfg = config({"sampling": "all", "interval": 1, "batches": 1, "remote_projection": projection},
                  clients=3, nodes=90)
     job = Run(build_config(cfg), tmp_path)
@@ -110,8 +120,7 @@ def test_sync_step_remote_aggregate_equals_dense_eq11(tmp_path, monkeypatch, pro
     src, dst = data.edge_index
     intra = owner[src] == owner[dst]
     with torch.no_grad():  # the independent computation
-        layer1 = gat(net.weights[0], net.att_src[0], net.att_dst[0], net.bias[0])
-        h1 = torch.relu(layer1(data.x, data.edge_index[:, intra]))
+        h1 = pyg_layer(net, 0, data.x, data.edge_index[:, intra])
         z = h1 @ net.weights[1]
         s, r = z @ net.att_dst[1], z @ net.att_src[1]
         targets = party.global_ids[torch.unique(request["targets"])]
@@ -123,7 +132,7 @@ def test_sync_step_remote_aggregate_equals_dense_eq11(tmp_path, monkeypatch, pro
                                 rel_tol=1e-5)
             rows = z[w] if projection == "owner" else h1[w]
             assert torch.allclose(remote["num"][i] / remote["den"][i], torch.softmax(e, 0) @ rows, atol=1e-5)
-        h2 = torch.relu(gat(net.weights[1], net.att_src[1], net.att_dst[1], net.bias[1])(h1, data.edge_index))
+        h2 = pyg_layer(net, 1, h1, data.edge_index)
         batch = party.global_ids[party.train_idx]
         expected = F.cross_entropy(net.head(h2[batch]), data.y[batch])
     assert math.isclose(finish[1]["loss"], float(expected), rel_tol=1e-5)
@@ -152,7 +161,8 @@ def test_exact_query_gradient_equals_the_dense_gradient(tmp_path):
     query; with ``stopped`` it does not."""
     grads = {}
     for mode in ("exact", "stopped"):
-        cfg = config({"sampling": "all", "interval": 1, "batches": 1, "query_gradient": mode}, clients=3, nodes=90)
+        cfg = config({"sampling": "all", "interval": 1, "batches": 1, "query_gradient": mode, "root": False},
+                     clients=3, nodes=90)
         job = Run(build_config(cfg), tmp_path / mode)
         proto, transport = job.protocol, job.transport
         transport.call_many(proto.clients, "start", state=proto.model.state_dict())

@@ -1,17 +1,19 @@
-"""FedAAS's model: one-head GAT-v1 (or mean) layers whose aggregation splits across neighbour owners.
+"""FedAAS's model: one-head attention (or mean) layers whose aggregation splits across neighbour owners.
 
-A layer's output for a target ``v`` is a softmax-weighted sum over its sampled neighbours and itself
-(Eq. 9-11 read as GAT v1, spec decision A5)::
+A layer's output for a target ``v`` is its own projection plus a softmax-weighted sum over its sampled
+neighbours (the paper's "GraphSAGE model" with "graph attention layers"; Eq. 9-11, spec decision A5)::
 
-    z_u = W h_u,   e_vu = LeakyReLU(a_dst·z_v + a_src·z_u),   out_v = Σ_u exp(e_vu) z_u / Σ_u exp(e_vu) + b
+    z_u = W h_u,   e_vu = LeakyReLU(a_dst·z_v + a_src·z_u),
+    out_v = W_r h_v + Σ_u exp(e_vu) z_u / Σ_u exp(e_vu) + b
 
+With ``root=False`` the target instead enters its own softmax as a self loop (GAT v1: no ``W_r``).
 The sums split exactly by owner: each owner returns, per (target, owner) pair, a *partial*
 ``(num, den, shift)`` = (Σ exp(e - shift) z, Σ exp(e - shift), max e) over the neighbours it holds,
 computed with its own ``W`` (Eq. 11's θ_q h_w). Partials merge by log-sum-exp (``merge_into``), so
 the server adds pairs up per target and the target's owner adds its local terms, and the result
-equals PyG's ``GATConv(heads=1)`` on the same edges. ``aggregate="mean"`` is Eq. 11 read literally as a
-GraphSAGE mean: ``out_v = W_r h_v + Σ_u W h_u / |S(v)| + b``; its partials have ``shift = 0``, so the
-same merge adds them.
+equals PyG's ``GATConv(heads=1)`` on the same edges (plus ``W_r h_v``). ``aggregate="mean"`` is Eq. 11
+read literally as a GraphSAGE mean: ``out_v = W_r h_v + Σ_u W h_u / |S(v)| + b``; its partials have
+``shift = 0``, so the same merge adds them.
 
 A net computes every layer for all of a party's own nodes at once over a given edge set (the sampled
 edges of a step, or all local edges), plus remote partials for some rows: the training step, the
@@ -67,16 +69,20 @@ class SplitAttentionNet(nn.Module):
     Layer weights are stored as ``[d_in, d_out]`` so a sparse feature row set projects as one
     weighted sum-bag of weight rows, without transposing the (large) first-layer weight."""
 
-    def __init__(self, in_dim: int, widths: list[int], num_classes: int, aggregate: str = "attention"):
+    def __init__(self, in_dim: int, widths: list[int], num_classes: int, aggregate: str = "attention",
+                 root: bool = False):
         super().__init__()
         self.aggregate = aggregate
+        # GAT puts the target in its own softmax (a self loop, projected with W); GraphSAGE gives it a
+        # weight of its own outside the aggregation. A mean layer always has one.
+        self.self_loops = aggregate == "attention" and not root
         dims = [in_dim, *widths]
         self.weights = nn.ParameterList(nn.Parameter(_glorot(a, b)) for a, b in zip(dims, dims[1:]))
         self.att_src = nn.ParameterList(nn.Parameter(_glorot(1, b)[0]) for b in widths)
         self.att_dst = nn.ParameterList(nn.Parameter(_glorot(1, b)[0]) for b in widths)
         self.bias = nn.ParameterList(nn.Parameter(torch.zeros(b)) for b in widths)
         self.roots = nn.ParameterList(nn.Parameter(_glorot(a, b)) for a, b in zip(dims, dims[1:])) \
-            if aggregate == "mean" else None
+            if not self.self_loops else None
         self.head = nn.Linear(widths[-1], num_classes)
         if aggregate == "mean":  # no attention vector in mean mode: it would get no gradient
             for a in [*self.att_src, *self.att_dst]:
@@ -129,7 +135,7 @@ class SplitAttentionNet(nn.Module):
         z = self.project(layer, h, used)
         at = (lambda ids: ids) if used is None else (lambda ids: torch.searchsorted(used, ids))
         out_at = (lambda ids: ids) if used is None else (lambda ids: torch.searchsorted(rows, ids))
-        if self.aggregate == "attention":
+        if self.self_loops:
             src, dst = torch.cat([src, rows]), torch.cat([dst, rows])
         s, r = self.scores(layer, z)
         spos, dpos = at(src), at(dst)

@@ -54,6 +54,9 @@ class FedAASOptions(ProtocolOptions):
     widths: list[int] = Field([256, 128], description="hidden widths; layer 1 is local, later layers cross clients")
     aggregate: Literal["attention", "mean"] = Field("attention", description=(
         "attention: one-head GAT v1 (Eq. 9 as the layer's score); mean: Eq. 11 read as a GraphSAGE mean"))
+    root: bool = Field(True, description=(
+        "the target's own embedding gets a weight of its own outside the aggregation (GraphSAGE's W_r); "
+        "false (attention only): GAT's self loop inside the softmax"))
     sampling: Literal["attention", "uniform", "all"] = "attention"
     fanouts: list[int] = Field([10, 10], description="picks per node per layer, local and remote jointly; -1 all")
     local_fanouts: list[int] | None = Field(None, description="with cross_fanouts: separate local/remote picks")
@@ -101,6 +104,8 @@ class FedAASOptions(ProtocolOptions):
             raise ValueError("local_fanouts and cross_fanouts go together")
         if self.local_fanouts is not None and not len(self.local_fanouts) == len(self.cross_fanouts) == layers:
             raise ValueError(f"local_fanouts and cross_fanouts need {layers} entries each")
+        if self.aggregate == "mean" and not self.root:
+            raise ValueError("aggregate 'mean' always has a root weight (GraphSAGE): root false needs 'attention'")
         if self.aggregate == "mean" and self.sampling == "attention":
             raise ValueError("aggregate 'mean' has no attention scores: use sampling 'uniform' or 'all'")
         if self.tau_min > self.tau0:
@@ -147,7 +152,8 @@ class FedAASClient(HorizontalClient):
         super().__init__(name, seed, shard, PLACEHOLDER, num_features, num_classes)
         self.opts = FedAASOptions.model_validate(opts)
         self.train_cfg = train
-        self.model = SplitAttentionNet(num_features, self.opts.widths, num_classes, self.opts.aggregate)
+        self.model = SplitAttentionNet(num_features, self.opts.widths, num_classes, self.opts.aggregate,
+                                       self.opts.root)
         n, remote = self.x.size(0), self.remote_ids.numel()
         self.n = n
         self.local_edges = (self.local_csr.col, _rows(self.local_csr))
@@ -392,7 +398,7 @@ class FedAAS(Protocol):
         part = horizontal_from_config(data, self.cfg.partition, self.cfg.seed)
         self.partition_stats = part.stats
         num_classes = int(data.num_classes)
-        self.model = SplitAttentionNet(data.num_features, o.widths, num_classes, o.aggregate)
+        self.model = SplitAttentionNet(data.num_features, o.widths, num_classes, o.aggregate, o.root)
         options = o.model_dump()
         self.clients = self.transport.spawn(FedAASClient, [
             dict(name=f"client{m}", seed=self.cfg.seed * 100_003 + m + 1, shard=shard, train=self.cfg.train,
