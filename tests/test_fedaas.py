@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from torch import Tensor
 from torch.nn import functional as F
 from torch_geometric.nn import GATConv, SAGEConv
 
@@ -16,12 +17,14 @@ from fedgl.comm import LocalTransport
 from fedgl.config import build_config, load_config
 from fedgl.errors import ConfigError
 from fedgl.models.split_attention import SplitAttentionNet, merge_into
-from fedgl.protocols.fedaas import EXCHANGE, next_interval
+from fedgl.protocols.fanout_policy import FanoutPolicy
+from fedgl.protocols.fedaas import EXCHANGE, FedAASClient, next_interval
 from fedgl.results import read_jsonl
 from fedgl.runner import Run, run
 from test_swift import audited_rows
 
-PRESETS = ["fedaas", "fedcross", "fedaas-pns", "fedlocal", "fedall", "fedaas1", "fedaas2"]
+PRESETS = ["fedaas", "fedcross", "fedaas-pns", "fedlocal", "fedall", "fedaas1", "fedaas2", "graphfed-recon",
+           "fedgraph-recon"]
 
 
 def config(protocol: dict, rounds: int = 2, clients: int = 3, nodes: int = 150) -> dict:
@@ -230,6 +233,70 @@ def test_presets_are_option_sets_of_one_protocol(tmp_path):
     assert cross.summary["bytes_by_kind"] == same.summary["bytes_by_kind"]
     local = run(build_config(config({"name": "fedlocal"})), tmp_path / "c")
     assert local.summary["bytes_embedding"] == 0 and cross.summary["bytes_embedding"] > 0
+
+
+def test_graphfed_recon_mixes_the_uploads_by_probe_similarity(tmp_path, monkeypatch):
+    """Round 2 starts each client from the uploads of round 1 averaged with weights
+    exp(-(1 - cos(μ_k, μ_q)) / T) n_q, μ the model's mean last hidden layer on the server's probe graph
+    (recomputed here); a large T gives FedCross's run back, a small one keeps clients apart."""
+    seen = spy_calls(monkeypatch)
+    job = Run(build_config(config({"name": "graphfed-recon", "similarity_temperature": 0.05})), tmp_path / "g")
+    job.execute(progress=False)
+    uploads = [res for _, method, _, res in seen if method == "upload"][:3]
+    starts = [kw["state"] for _, method, kw, _ in seen if method == "start"][3:6]
+    probe = job.protocol.averager
+    net = copy.deepcopy(job.protocol.model)
+    means = []
+    for up in uploads:
+        net.load_state_dict(up["state"])
+        with torch.no_grad():
+            means.append(net.embed(probe.x, [(probe.edge_index[0], probe.edge_index[1])] * 2)[-1].mean(0))
+    for k in range(3):
+        w = torch.tensor([math.exp(-(1 - float(F.cosine_similarity(means[k], means[q], dim=0))) / 0.05)
+                          * up["num_train"] for q, up in enumerate(uploads)])
+        w = w / w.sum()
+        for key, value in starts[k].items():
+            expected = sum(wq * up["state"][key] for wq, up in zip(w.tolist(), uploads))
+            assert torch.allclose(value, expected, atol=1e-5), (k, key)
+    assert not torch.allclose(starts[0]["weights.0"], starts[1]["weights.0"])
+    flat = run(build_config(config({"name": "graphfed-recon", "similarity_temperature": 1e9})), tmp_path / "f")
+    cross = run(build_config(config({"name": "fedcross"})), tmp_path / "c")
+    for a, b in zip(flat.metrics, cross.metrics):
+        assert math.isclose(a["train_loss"], b["train_loss"], rel_tol=1e-4)
+
+
+def test_fanout_policy_learns_which_fanout_pays():
+    """A reward that favours one choice (accuracy rises only when fan-out 5 is drawn) moves the actor
+    to it; with a cost on fan-out and no accuracy signal, it moves to the smallest."""
+    for pays, cost, expected in ((5, 0.0, 1), (None, 1.0, 0)):
+        policy = FanoutPolicy([2, 5, 10], cost, torch.Generator().manual_seed(0))
+        start = policy.probabilities(torch.tensor([0.0, 0.0, 0.0, 1.0]))[expected].item()
+        accuracy = 0.0
+        for step in range(300):
+            fanout = policy.choose(step / 300)
+            accuracy = accuracy + 0.01 if fanout == pays else accuracy
+            policy.learn(1.0, accuracy)
+        assert policy.probabilities(policy.observed)[expected].item() > max(0.8, start)
+
+
+def test_fedgraph_recon_samples_with_the_fanout_its_policy_chose(tmp_path, monkeypatch):
+    chosen: list[int] = []
+    choose = FanoutPolicy.choose
+    monkeypatch.setattr(FanoutPolicy, "choose", lambda self, p: chosen.append(choose(self, p)) or chosen[-1])
+    hops: list[tuple[int, Tensor]] = []
+    hop = FedAASClient._hop
+
+    def spy(self, csr, need, fanout, layer=None):
+        dst, col = hop(self, csr, need, fanout, layer)
+        hops.append((fanout, torch.bincount(dst)))
+        return dst, col
+
+    monkeypatch.setattr(FedAASClient, "_hop", spy)
+    run(build_config(config({"name": "fedgraph-recon", "policy_choices": [1, 3]}, rounds=2)), tmp_path)
+    assert set(chosen) == {1, 3}
+    sampled = [(fanout, counts) for fanout, counts in hops if fanout != -1]  # -1: an owner's whole neighbourhood
+    assert {f for f, _ in sampled} == {1, 3}
+    assert all(int(counts.max()) <= fanout for fanout, counts in sampled if counts.numel())
 
 
 @pytest.mark.parametrize("name", PRESETS)

@@ -27,6 +27,8 @@ REGISTRY: dict[str, str] = {
     "fedall": "fedgl.protocols.fedaas:FedAll",
     "fedaas1": "fedgl.protocols.fedaas:FedAAS1",
     "fedaas2": "fedgl.protocols.fedaas:FedAAS2",
+    "graphfed-recon": "fedgl.protocols.fedaas:GraphFedRecon",
+    "fedgraph-recon": "fedgl.protocols.fedaas:FedGraphRecon",
 }
 
 

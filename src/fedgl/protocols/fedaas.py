@@ -21,6 +21,7 @@ the trainer's backward pass (ARCHITECTURE.md, "Gradients through remote embeddin
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -42,8 +43,10 @@ from ..partition import horizontal_from_config
 from ..sampling import CSR, sample_neighbors, sample_weighted
 from .base import Protocol, ProtocolOptions
 from .fedavg import weighted_average
+from .fanout_policy import FanoutPolicy
 from .horizontal_client import FEATURE_DENSITY, HorizontalClient
 from .routing import Router
+from .similarity import SimilarityAverager
 
 EXCHANGE = ("request", "serve", "finish")  # the methods carrying cross-client traffic
 # HorizontalClient builds a backbone from a ModelConfig; FedAAS replaces it with its split model.
@@ -80,6 +83,15 @@ class FedAASOptions(ProtocolOptions):
     client_fraction: float = Field(1.0, gt=0, le=1, description="m / K, clients drawn each round")
     weighting: Literal["nodes", "uniform"] = "nodes"
     min_pair_rows: int = Field(1, ge=1, description="owners withhold (target, owner) pairs summing fewer rows")
+    fanout_policy: Literal["fixed", "learned"] = Field("fixed", description=(
+        "fixed: fanouts; learned: each client's actor-critic picks every step's fan-out from policy_choices "
+        "(the FedGraph reconstruction)"))
+    policy_choices: list[int] = Field([2, 5, 10, 15, 20], min_length=2)
+    policy_cost: float = Field(0.1, ge=0, description="reward = Δ batch accuracy - policy_cost × fan-out / max choice")
+    personalize: Literal["none", "similarity"] = Field("none", description=(
+        "none: every client starts a round from the global average; similarity: from an average weighted by "
+        "how alike the models behave on a random probe graph (the GraphFed reconstruction)"))
+    similarity_temperature: float = Field(0.1, gt=0, description="T of the similarity weights exp(-(1 - cos) / T)")
 
     @field_validator("interval")
     @classmethod
@@ -108,6 +120,9 @@ class FedAASOptions(ProtocolOptions):
             raise ValueError("aggregate 'mean' always has a root weight (GraphSAGE): root false needs 'attention'")
         if self.aggregate == "mean" and self.sampling == "attention":
             raise ValueError("aggregate 'mean' has no attention scores: use sampling 'uniform' or 'all'")
+        if self.fanout_policy == "learned" and (self.sampling == "all" or self.local_fanouts is not None):
+            raise ValueError("fanout_policy 'learned' picks one fan-out per step: use sampling 'uniform' or "
+                             "'attention' without local_fanouts/cross_fanouts")
         if self.tau_min > self.tau0:
             raise ValueError(f"tau_min ({self.tau_min}) exceeds tau0 ({self.tau0})")
         return self
@@ -171,6 +186,8 @@ class FedAASClient(HorizontalClient):
                                       *((torch.zeros(n, self.opts.widths[layer - offset]), torch.zeros(n))
                                         if self.exact else ())) for layer in range(1, layers)}
         self.optimizer: torch.optim.Optimizer | None = None
+        self.policy = FanoutPolicy(self.opts.policy_choices, self.opts.policy_cost, self.generator) \
+            if self.opts.fanout_policy == "learned" else None
         self.queue: list[Tensor] = []
         self.losses: list[float] = []
         self.step: Step | None = None
@@ -225,6 +242,8 @@ class FedAASClient(HorizontalClient):
         """Top-down: the batch's neighbourhood, layer L to 1; remote picks kept only at a sync."""
         o = self.opts
         fanouts = o.fanouts if o.sampling != "all" else [-1] * len(o.fanouts)
+        if self.policy is not None:
+            fanouts = [self.policy.choose(len(self.losses) / (o.batches * o.local_epochs))] * len(o.fanouts)
         split = o.local_fanouts is not None and o.sampling != "all"
         crossing = exchange or (o.between_sync == "history" and o.interval != "never")
         need, layers = torch.unique(batch), self.model.num_layers
@@ -268,11 +287,14 @@ class FedAASClient(HorizontalClient):
 
     def _complete(self, step: Step) -> float:
         self._advance(step, self.model.num_layers)
-        loss = F.cross_entropy(self.model.head(step.hs[-1][step.batch]), self.y[step.batch])
+        logits = self.model.head(step.hs[-1][step.batch])
+        loss = F.cross_entropy(logits, self.y[step.batch])
         self.optimizer.zero_grad()
         loss.backward()
         self.optimizer.step()
         self.losses.append(float(loss.detach()))
+        if self.policy is not None:
+            self.policy.learn(self.losses[-1], float((logits.argmax(1) == self.y[step.batch]).float().mean()))
         return self.losses[-1]
 
     def _receive(self, layer: int, remote: dict[str, Tensor] | None, counts: Tensor | None) -> None:
@@ -414,6 +436,11 @@ class FedAAS(Protocol):
             mask = self.held_out.test_mask
             self.held_out_rows = mask.nonzero().flatten() if bool(mask.any()) else torch.arange(mask.numel())
         self.tau: int | None = o.tau0 if o.interval == "adaptive" else (None if o.interval == "never" else o.interval)
+        # GraphFed (reconstruction): each client's next model, mixed by model similarity.
+        self.personal: dict[str, dict[str, Tensor]] = {}
+        if o.personalize == "similarity":
+            self.averager = SimilarityAverager(data.num_features, o.similarity_temperature, self.generator)
+            self.scratch = copy.deepcopy(self.model)
         self.losses: list[float] = []
         self.taus: list[int | None] = []
 
@@ -445,8 +472,8 @@ class FedAAS(Protocol):
         state = self.model.state_dict()
         serving = self.clients if syncs else chosen  # A13: owners not drawn serve with θ_t
         picked = set(chosen)
-        self.transport.call_many(serving, "start", per_target=[{"train": c in picked} for c in serving],
-                                           state=state)
+        self.transport.call_many(serving, "start", per_target=[
+            {"train": c in picked, "state": self.personal.get(c, state)} for c in serving])
         j = 0
         while j < steps:
             if j in syncs:
@@ -462,6 +489,9 @@ class FedAAS(Protocol):
             return {"train_loss": math.nan}
         weights = torch.tensor([float(r["num_train"]) if o.weighting == "nodes" else 1.0 for r in trained])
         self.model.load_state_dict(weighted_average([r["state"] for r in trained], weights))
+        if o.personalize == "similarity":
+            self.personalize([c for c, r in zip(chosen, uploads) if r["num_train"] > 0],
+                             [r["state"] for r in trained], weights)
         loss = float(sum(w * r["loss"] for w, r in zip((weights / weights.sum()).tolist(), trained)))
         if o.interval == "adaptive":
             self.losses.append(self.server_loss() if server_loss else loss)
@@ -471,6 +501,13 @@ class FedAAS(Protocol):
         return {"train_loss": loss, "tau": float(tau) if tau is not None else math.nan, "syncs": float(len(syncs)),
                 "bytes_embedding": float(ledger.total(methods=EXCHANGE, kinds=("embedding", "index"))),
                 **({"interval_loss": self.losses[-1]} if o.interval == "adaptive" else {})}
+
+    def personalize(self, names: list[str], states: list[dict[str, Tensor]], sizes: Tensor) -> None:
+        """GraphFed (reconstruction): each uploading client's next model is the uploads' average
+        weighted by size and by how alike the models behave on the probe graph."""
+        embeddings = torch.stack([self.averager.embedding(self.scratch, s) for s in states])
+        mixed = self.averager.mix(states, self.averager.weights(embeddings, sizes))
+        self.personal.update(zip(names, mixed))
 
     def sync(self, chosen: list[str]) -> None:
         """One sync step of every chosen client: per crossing layer a request and a serve phase, then
@@ -543,12 +580,14 @@ class FedAAS(Protocol):
 
     def state_dict(self) -> dict[str, Any]:
         return super().state_dict() | {"model": self.model.state_dict(), "tau": self.tau,
-                                       "losses": list(self.losses), "taus": list(self.taus)}
+                                       "losses": list(self.losses), "taus": list(self.taus),
+                                       "personal": dict(self.personal)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.model.load_state_dict(state["model"])
         self.tau, self.losses, self.taus = state["tau"], state["losses"], state["taus"]
+        self.personal = dict(state["personal"])
 
 
 # ---- the baselines: presets of the same code (spec §5) --------------------------------------------
@@ -583,6 +622,16 @@ class FedAAS2Options(FedAASOptions):
     sampling: Literal["attention", "uniform", "all"] = "all"
 
 
+class GraphFedReconOptions(FedCrossOptions):
+    personalize: Literal["none", "similarity"] = "similarity"
+
+
+class FedGraphReconOptions(FedAASOptions):
+    sampling: Literal["attention", "uniform", "all"] = "uniform"
+    interval: int | Literal["adaptive", "never"] = 1
+    fanout_policy: Literal["fixed", "learned"] = "learned"
+
+
 class FedCross(FedAAS):
     """Uniform 5 local + 5 cross-client picks per layer, synchronised at every step."""
     name, Options = "fedcross", FedCrossOptions
@@ -612,3 +661,16 @@ class FedAAS1(FedAAS):
 class FedAAS2(FedAAS):
     """Adaptive synchronisation with every neighbour (no sampling)."""
     name, Options = "fedaas2", FedAAS2Options
+
+
+class GraphFedRecon(FedAAS):
+    """GraphFed, reconstructed (fedaas.txt gives no formula): FedCross's exchange with models
+    personalised by similarity on a probe graph (``protocols/similarity.py``)."""
+    name, Options = "graphfed-recon", GraphFedReconOptions
+
+
+class FedGraphRecon(FedAAS):
+    """FedGraph, reconstructed (fedaas.txt names a DRL sampling policy, nothing more): uniform picks
+    synchronised at every step, each step's fan-out chosen by the client's actor-critic
+    (``protocols/fanout_policy.py``)."""
+    name, Options = "fedgraph-recon", FedGraphReconOptions
