@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 import fedgl
@@ -27,3 +32,22 @@ def test_configs_from_dicts_and_overrides():
     assert fedgl.load_config(cfg, seed=3).seed == 3 and cfg.seed == 0
     with pytest.raises(fedgl.errors.ConfigError, match="train.lr"):
         fedgl.load_config(train__lr=-1)
+
+
+def test_the_example_script_runs_and_repeats_itself(data_root, tmp_path):
+    script = Path(__file__).resolve().parents[1] / "examples" / "api_fedavg_cora.py"
+    assert "from fedgl" not in script.read_text()  # the public API only
+    proc = subprocess.run([sys.executable, str(script), "3"], cwd=tmp_path, capture_output=True, text=True,
+                          env=os.environ | {"FEDGL_DATA_ROOT": str(data_root)}, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "best validation accuracy" in proc.stdout and "model:" in proc.stdout and "same result" in proc.stdout
+    assert len(list((tmp_path / "results").iterdir())) == 2
+
+
+def test_datasets_partition_and_protocols_are_reachable_from_the_package():
+    data = fedgl.datasets.load_dataset("synthetic", num_nodes=120, seed=1)
+    parts = fedgl.partition.partition_horizontal(data, 3, "random", seed=1)
+    assert parts.num_clients == 3 and sum(s.num_nodes for s in parts.shards) == data.num_nodes
+    assert fedgl.protocols.protocol_class("fedavg").name == "fedavg"
+    with pytest.raises(AttributeError):
+        fedgl.no_such_thing

@@ -187,12 +187,32 @@ def test_missing_single_file_is_named(tmp_path: Path) -> None:
 
 
 @needs_data
-def test_corrupt_file_is_reported_without_traceback(tmp_path: Path) -> None:
+def test_corrupt_raw_file_is_named_without_traceback(tmp_path: Path) -> None:
     dataset_dir = copy_dataset("planetoid/Cora", tmp_path / "root")
     (dataset_dir / "raw" / "ind.cora.graph").write_bytes(b"not a pickle")
-    with pytest.raises(DataError, match=r"could not read dataset 'cora' from .*rebuild") as error:
+    with pytest.raises(DataError) as error:
         load_dataset("cora", root=str(tmp_path / "root"), cache_dir=str(tmp_path / "cache"))
-    assert "\n" not in str(error.value)
+    message = str(error.value)
+    assert f"the file {dataset_dir / 'raw' / 'ind.cora.graph'} is damaged" in message, message
+    assert "delete it and download it again" in message and "processed" not in message and "\n" not in message
+
+
+@needs_data
+def test_corrupt_processed_file_is_rebuilt_once_deleted(tmp_path: Path) -> None:
+    from fedgl.data import _graphs
+
+    copy_dataset("planetoid/Cora", tmp_path / "root")
+    options = {"root": str(tmp_path / "root"), "cache_dir": str(tmp_path / "cache")}
+    expected = load_dataset("cora", **options)
+    [processed] = (tmp_path / "cache").glob("mirrors/*/planetoid/Cora/processed/data.pt")
+    processed.write_bytes(processed.read_bytes()[:100])
+    _graphs.clear()  # read from disk again, not from this process's memory
+    with pytest.raises(DataError) as error:
+        load_dataset("cora", **options)
+    message = str(error.value)
+    assert f"processed file {processed} is damaged" in message and f"delete {processed.parent} to rebuild" in message
+    shutil.rmtree(processed.parent)
+    assert torch.equal(load_dataset("cora", **options).x, expected.x)
 
 
 def test_env_root_is_used_and_not_downloaded_into(tmp_path: Path,

@@ -385,7 +385,7 @@ def test_attention_sampling_follows_eq10(tmp_path):
     p_vw = softmax(e_vw) with remote keys from the history store (a chi-square bound)."""
     job = Run(build_config(config({}, nodes=200, clients=2)), tmp_path)
     client = job.transport._parties["client0"]
-    client.keys[1] = torch.linspace(-2.0, 2.0, client.keys[1].numel())  # as if learnt at earlier syncs
+    client.keys[1] = torch.linspace(-4.0, 4.0, client.keys[1].numel())  # as if learnt at earlier syncs
     csr = client.full_csr
     degree = csr.degree()[: client.n]
     v = int(torch.argmax(degree))

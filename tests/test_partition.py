@@ -161,15 +161,28 @@ def test_horizontal_is_seeded(cora: Data, method: str) -> None:
         assert not torch.equal(first.owner, partition_horizontal(cora, 10, method, seed=8).owner)
 
 
-def test_dirichlet_alpha_controls_label_skew(cora: Data) -> None:
+@pytest.mark.parametrize("method", ["dirichlet", "dirichlet-client"])
+def test_dirichlet_alpha_controls_label_skew(cora: Data, method: str) -> None:
     entropy = {
-        alpha: partition_horizontal(cora, 10, "dirichlet", alpha=alpha, seed=0).stats.summary()["mean_label_entropy"]
+        alpha: partition_horizontal(cora, 10, method, alpha=alpha, seed=0).stats.summary()["mean_label_entropy"]
         for alpha in (0.1, 1.0, 100.0)
     }
     uniform = partition_horizontal(cora, 10, "random", seed=0).stats.summary()["mean_label_entropy"]
     assert entropy[0.1] < entropy[1.0] < entropy[100.0]
     assert entropy[0.1] < 0.6 * math.log(7)
     assert entropy[100.0] > 0.9 * uniform
+
+
+def test_dirichlet_client_draws_each_clients_mix_not_each_classs_spread(cora: Data) -> None:
+    """The two label skews differ in what they make uneven: per class (the paper's), a class piles
+    up at a few clients, so client sizes spread widely; per client (the authors' code's), every
+    client draws a class mix and classes are shared out by those weights, so sizes stay closer."""
+    spread = {}
+    for method in ("dirichlet", "dirichlet-client"):
+        owner = partition_horizontal(cora, 10, method, alpha=0.1, seed=0).owner
+        sizes = torch.bincount(owner[owner >= 0], minlength=10).float()
+        spread[method] = float(sizes.std() / sizes.mean())
+    assert spread["dirichlet-client"] < spread["dirichlet"]
 
 
 def test_edge_drop_keeps_fraction_symmetrically(cora: Data) -> None:
@@ -321,7 +334,7 @@ def _path(n: int) -> Data:
         (lambda d: partition_horizontal(d, 2, edge_drop=1.0), "edge_drop must be in [0, 1), got 1.0"),
         (lambda d: partition_horizontal(d, 2, edge_drop=-0.1), "edge_drop must be in [0, 1), got -0.1"),
         (lambda d: partition_horizontal(d, 2, "dirichlet", alpha=0.0), "alpha must be > 0, got 0.0"),
-        (lambda d: partition_horizontal(d, 2, "spectral"), "allowed: metis, louvain, dirichlet, random, stratified"),
+        (lambda d: partition_horizontal(d, 2, "spectral"), "allowed: metis, louvain, dirichlet, dirichlet-client, random, stratified"),
         (lambda d: partition_horizontal(d, 2, cross_edge_drop=1.0), "cross_edge_drop must be in [0, 1), got 1.0"),
         (lambda d: partition_horizontal(d, 2, client_nodes="test"), "unknown client_nodes 'test'; allowed: all, train"),
         (lambda d: partition_horizontal(_masked(d, train=0), 2, client_nodes="train"),

@@ -9,7 +9,19 @@ import warnings as _warnings
 _warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
 
 # The protocol registry (names only; each protocol module loads on first use) validates configs.
-from fedgl import protocols as _protocols  # noqa: E402,F401
+from fedgl import protocols  # noqa: E402
 from fedgl.api import load_config, run  # noqa: E402
 
-__all__ = ["__version__", "load_config", "run"]
+# Loaded on first access: they import torch_geometric, which takes seconds.
+_LAZY = {"datasets": "fedgl.data", "partition": "fedgl.partition"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return importlib.import_module(_LAZY[name])
+    raise AttributeError(f"module 'fedgl' has no attribute {name!r}")
+
+
+__all__ = ["__version__", "datasets", "load_config", "partition", "protocols", "run"]

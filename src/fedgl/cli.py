@@ -150,7 +150,8 @@ def _datasets(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from .report import report
 
-    report([Path(p) for p in args.folders], Path(args.out) if args.out else None, console)
+    report([Path(p) for p in args.folders], Path(args.out) if args.out else None, console,
+           Path(args.html) if args.html else None)
     return 0
 
 
@@ -198,7 +199,8 @@ def parser() -> argparse.ArgumentParser:
 
     rep = sub.add_parser("report", help="a table and plots over result folders")
     rep.add_argument("folders", nargs="+")
-    rep.add_argument("--out", help="folder for report.md and plots (default: print only)")
+    rep.add_argument("--out", help="folder for report.md, curves.png and report.html (default: print only)")
+    rep.add_argument("--html", metavar="PATH", help="write the HTML report page (table and plots) to PATH")
     rep.set_defaults(func=_report)
     return p
 

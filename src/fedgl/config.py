@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import ConfigError
+from .privacy.config import PrivacyConfig, PrivacySection
 
 
 DEFAULT_PROTOCOL = "fedavg"
@@ -49,7 +50,7 @@ class DatasetConfig(Section):
 class PartitionConfig(Section):
     num_clients: int = Field(10, ge=1)
     method: str = Field("metis", description=(
-        "horizontal: metis|louvain|dirichlet|random|stratified; vertical: contiguous|random"))
+        "horizontal: metis|louvain|dirichlet|dirichlet-client|random|stratified; vertical: contiguous|random"))
     alpha: float = Field(0.5, gt=0, description="Dirichlet label-skew concentration")
     edge_drop: float = Field(0.0, ge=0, lt=1, description="horizontal: drop ratio of intra-client edges")
     cross_edge_drop: float = Field(0.0, ge=0, lt=1, description="horizontal: drop ratio of cross-client edges")
@@ -111,6 +112,10 @@ class RunConfig(Section):
     checkpoint_every: int = Field(0, ge=0, description="rounds between checkpoints; 0 = none")
     threads: int | None = Field(1, ge=1, description=(
         "torch threads per party process; 1 keeps parties from oversubscribing the cores; null = torch's default"))
+    privacy: PrivacySection = Field(default_factory=PrivacyConfig, description=(
+        "secure aggregation and differential privacy, where the protocol implements them"))
+    logging: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(default_factory=list, description=(
+        "experiment trackers that receive the metrics of every evaluated round, the config, summary and plots"))
 
     @field_validator("protocol")
     @classmethod

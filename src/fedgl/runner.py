@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import pickle
 import shutil
 import signal
 import threading
@@ -26,12 +27,14 @@ from .files import write_atomically
 from .evaluation import Evaluator
 from .protocols import protocol_class
 from .progress import RunProgress
-from .results import CONFIG, FINISHED, LEDGER, METRICS, PLOT, SUMMARY, plot_curves, read_jsonl, write_json, write_jsonl
+from .results import (CONFIG, FINISHED, LEDGER, METRICS, PLOT, SUMMARY, best_row, plot_curves, read_jsonl,
+                      round_unit, write_json, write_jsonl)
+from .tracking import Tracking
 
 CHECKPOINT = "checkpoint.pt"
 # Keys a resumed run may change: how long it runs and where, not what it computes.
 RESUMABLE_CHANGES = ("train.rounds", "checkpoint_every", "threads", "backend.name", "backend.address",
-                     "backend.actors")
+                     "backend.actors", "logging")
 
 
 @dataclass
@@ -122,6 +125,7 @@ class Run:
     def __init__(self, cfg: RunConfig, out_dir: str | Path | None = None, *, data=None):
         self.cfg = cfg
         self.out_dir = Path(out_dir) if out_dir else default_out_dir(cfg)
+        self.tracking = Tracking(cfg.logging, self.out_dir)  # fails here, before training, if a package is missing
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
@@ -174,14 +178,17 @@ class Run:
 
     def resume(self) -> bool:
         """Continue from the folder's checkpoint, which must come from this config (up to
-        ``RESUMABLE_CHANGES``). Party states are Python objects (models, optimisers), so the file is
-        unpickled: resume only from checkpoints you wrote."""
+        ``RESUMABLE_CHANGES``). Every checkpoint file holds tensors and plain data only and is read
+        with ``weights_only=True``: a file that would run code when loaded is refused with one line."""
         path = self.out_dir / CHECKPOINT
         if not path.exists():
             return False
         try:
-            state = torch.load(path, weights_only=False)
+            state = torch.load(path, weights_only=True)
         except Exception as err:  # any unreadable file: torn, truncated, foreign
+            if isinstance(err, pickle.UnpicklingError) and "GLOBAL" in str(err):  # a class or function by name
+                raise ConfigError(f"cannot resume: {path} holds objects other than tensors and plain data; "
+                                  f"refusing to load it") from None
             raise ConfigError(f"cannot resume: {path} is not a readable fedgl checkpoint "
                               f"({type(err).__name__})") from None
         if not isinstance(state, dict) or state.get("format") != "fedgl-checkpoint-2":
@@ -192,11 +199,7 @@ class Run:
                                if k not in RESUMABLE_CHANGES and now.get(k) != state["config"].get(k))
             raise ConfigError(f"cannot resume: the checkpoint in {self.out_dir} was made with a different config "
                               f"({', '.join(differing)})")
-        try:
-            self.transport.load_parties(self.out_dir / state["parties"])
-        except (OSError, RuntimeError, EOFError) as err:
-            raise ConfigError(f"cannot resume: the party checkpoints in {self.out_dir / state['parties']} are "
-                              f"missing or unreadable ({type(err).__name__})") from None
+        self.transport.load_parties(self.out_dir / state["parties"])  # each party names its own bad file
         self.protocol.load_state_dict(state["protocol"])
         self.transport.ledger.load_state_dict(state["ledger"])
         self.transport.clock.now = state["clock"]
@@ -221,6 +224,7 @@ class Run:
             "wall_time_s": wall,
         }
         self.metrics.append(row)
+        self.tracking.log_round(round_index, row, ledger.by_kind(include_eval=False))
         return row
 
     def execute(self, progress: bool = True) -> RunResult:
@@ -233,6 +237,7 @@ class Run:
         target = cfg.eval.target_val_accuracy
         started = time.perf_counter() - self.wall_offset
         self.completed = self.start_round - 1
+        self.tracking.start(flat_config(cfg), self.start_round)
         try:
             with RunProgress(f"{cfg.protocol_name} on {cfg.dataset.name}", cfg.train.rounds, self.start_round - 1,
                              enabled=progress) as bar, StopAfterRound() as stop:
@@ -259,6 +264,9 @@ class Run:
                         self.interrupted(time.perf_counter() - started)
                         raise KeyboardInterrupt
                     r += 1
+        except BaseException:
+            self.tracking.finish(None, [])  # no-op when the partial summary was written and tracked
+            raise
         finally:
             self.transport.close()
         summary = self.summarize(time.perf_counter() - started)
@@ -300,7 +308,7 @@ class Run:
     # ---- results ----------------------------------------------------------------------------------
     def summarize(self, wall: float) -> dict[str, Any]:
         cfg, ledger, rows = self.cfg, self.transport.ledger, self.metrics
-        best = max(rows, key=lambda row: (row["val_accuracy"], -row["round"])) if rows else {}
+        best = best_row(rows) or {}
         target = cfg.eval.target_val_accuracy
         hit = next((row for row in rows if target is not None and row["val_accuracy"] >= target), None)
         last_round = rows[-1]["round"] if rows else 0
@@ -344,9 +352,13 @@ class Run:
         write_jsonl(self.out_dir / LEDGER, self.transport.ledger.rows())
         write_json(self.out_dir / SUMMARY, {k: (None if isinstance(v, float) and math.isnan(v) else v)
                                              for k, v in summary.items()})
+        plots = []
         if self.metrics:
             plot_curves({"": self.metrics}, self.out_dir / PLOT,
-                        f"{summary['protocol']} on {summary['dataset']} (seed {summary['seed']})")
+                        f"{summary['protocol']} on {summary['dataset']} (seed {summary['seed']})",
+                        round_unit(self.cfg.protocol))
+            plots.append(self.out_dir / PLOT)
+        self.tracking.finish(summary, plots)
 
 
 def run(cfg: RunConfig, out_dir: str | Path | None = None, *, resume: bool = False, progress: bool = False,

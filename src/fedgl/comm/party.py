@@ -4,17 +4,23 @@ A party owns its private state (its shard, model, optimiser) and exposes only ``
 Each party carries its own random-number state, swapped in around every call, so its dropout and
 sampling draws depend only on its seed and its own history, never on which process hosts it or in
 which order parties are called: this is what makes the local and Ray backends agree exactly.
+
+A party's checkpoint holds tensors and plain data only and is read with ``weights_only=True``, so
+loading a checkpoint file can never run code (``party_state``).
 """
 
 from __future__ import annotations
 
+import pickle
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..errors import ConfigError
 from ..files import write_atomically
+from .party_state import StateMismatch, first_line, plain, restore
 from .rpc import spec_of
 
 
@@ -36,7 +42,7 @@ class Party:
         return party
 
     def get_state(self) -> dict[str, Any]:
-        """Everything the party holds, for its own local checkpoint (not a message)."""
+        """Everything the party holds, as live objects, for an in-memory snapshot (not a message)."""
         return dict(self.__dict__)
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -44,10 +50,25 @@ class Party:
 
     def save(self, path: str | Path) -> None:
         """Write the party's own checkpoint where it lives; its state never travels."""
-        write_atomically(Path(path), lambda fh: torch.save(self.get_state(), fh))
+        write_atomically(Path(path), lambda fh: torch.save(plain(self), fh))
 
     def load(self, path: str | Path) -> None:
-        self.set_state(torch.load(path, weights_only=False))
+        """Load the party's own checkpoint into this party, set up as it was when saved. The file is
+        read as tensors and plain data only: one that holds anything else is refused."""
+        try:
+            state = torch.load(path, weights_only=True)
+        except Exception as err:
+            if isinstance(err, pickle.UnpicklingError) and "GLOBAL" in str(err):  # a class or function by name
+                raise ConfigError(f"cannot resume: the party checkpoint {path} holds objects other than tensors "
+                                  f"and plain data; refusing to load it") from None
+            raise ConfigError(f"cannot resume: the party checkpoint {path} is missing or unreadable "
+                              f"({type(err).__name__})") from None  # torn, truncated, not a torch file
+        try:
+            if restore(self, state) is not self:
+                raise StateMismatch(f"it is not a checkpoint of a {type(self).__qualname__}")
+        except (RuntimeError, KeyError, TypeError, ValueError) as err:  # StateMismatch is a ValueError
+            raise ConfigError(f"cannot resume: the party checkpoint {path} does not fit party {self.name} "
+                              f"({first_line(err)})") from None
 
     def dispatch(self, method: str, kwargs: dict[str, Any]) -> tuple[Any, tuple[float, float]]:
         """Run an ``@rpc`` method under this party's RNG state; return its result and its (elapsed,

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ..errors import ConfigError, PartyFailure
+from ..errors import ConfigError, FedglError, PartyFailure
 from .network import NetworkModel
 from .party import Party, PartyGroup
 from .transport import Transport
@@ -51,8 +51,8 @@ class RayTransport(Transport):
         super().__init__(network)
         try:
             import ray
-        except ImportError as exc:  # pragma: no cover - ray is a dependency
-            raise ConfigError("backend 'ray' needs the ray package: pip install 'ray[default]'") from exc
+        except ImportError as exc:
+            raise ConfigError("backend 'ray' needs the ray package: pip install 'fedgl[ray]'") from exc
         self._ray = ray
         if address:
             check_reachable(address, connect_timeout_s)
@@ -93,13 +93,18 @@ class RayTransport(Transport):
         return self._host_cls.remote(torch.get_num_threads())
 
     def _gather(self, futures: dict[int, Any]) -> dict[int, Any]:
-        """Each host's result; a host whose actor died raises ``PartyFailure`` naming its parties."""
+        """Each host's result; a host whose actor died raises ``PartyFailure`` naming its parties, and a
+        one-line error raised inside a host (e.g. a refused checkpoint) is raised here as it was."""
         results, lost = {}, []
         for h, future in futures.items():
             try:
                 results[h] = self._ray.get(future)
             except self._ray.exceptions.RayActorError:
                 lost.append(h)
+            except self._ray.exceptions.RayTaskError as err:
+                if isinstance(err.cause, FedglError):
+                    raise err.cause from None
+                raise
         if lost:
             self._dead.update(lost)
             raise PartyFailure([name for name, h in self._placement.items() if h in lost])

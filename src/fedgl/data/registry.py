@@ -9,14 +9,18 @@ default cache root may be downloaded into.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import importlib
 import importlib.util
+import io
 import os
 import socket
+import sys
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -275,6 +279,65 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
 
 
+_reads: ContextVar[list[str] | None] = ContextVar("fedgl_reads", default=None)
+_audit_installed = False
+
+
+def _record_read(event: str, args: tuple) -> None:
+    """Audit hook: note files opened for reading (``open``'s arguments are path, mode, flags)."""
+    if event != "open" or (reads := _reads.get()) is None or len(args) != 3:
+        return
+    path, mode, flags = args
+    writing = any(c in mode for c in "wax+") if isinstance(mode, str) else int(flags) & (os.O_WRONLY | os.O_RDWR)
+    if isinstance(path, (str, bytes, os.PathLike)) and not writing:
+        reads.append(os.path.abspath(os.fsdecode(path)))
+
+
+@contextmanager
+def _files_read() -> Iterator[list[str]]:
+    """The files this context opens for reading inside the block, in order (seen through Python's
+    audit hook, installed once), so a reader that fails can be told which file it failed on."""
+    global _audit_installed
+    if not _audit_installed:
+        sys.addaudithook(_record_read)
+        _audit_installed = True
+    reads: list[str] = []
+    token = _reads.set(reads)
+    try:
+        yield reads
+    finally:
+        _reads.reset(token)
+
+
+def _inside(path: object, folder: Path) -> bool:
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        return False
+    return Path(os.path.abspath(os.fsdecode(path))).is_relative_to(folder)
+
+
+def _cache_failure(exc: OSError, cache: Path) -> DataError:
+    return DataError(f"cannot write the cache folder {cache} ({exc.strerror or _one_line(exc)}); "
+                     f"set FEDGL_CACHE to a writable folder")
+
+
+def _read_failure(name: str, spec: DatasetSpec, exc: Exception, reads: list[str], dataset_dir: Path,
+                  cache: Path) -> DataError | None:
+    """What went wrong, from the last dataset file read before ``exc``: a damaged raw file (named,
+    to be fetched again), a damaged processed file (rebuilt once deleted), or a cache folder that
+    cannot be written. None when the failure is none of these."""
+    if isinstance(exc, OSError) and (exc.errno in (errno.ENOSPC, errno.EDQUOT) or _inside(exc.filename, cache)):
+        return _cache_failure(exc, cache)  # processing writes only there
+    for path in reversed(reads):
+        relative = Path(path).relative_to(dataset_dir).as_posix() if _inside(path, dataset_dir) else ""
+        if relative in spec.files:
+            return DataError(f"dataset {name!r}: the file {os.path.realpath(path)} is damaged or truncated "
+                             f"({_one_line(exc)}); delete it and download it again")
+        if relative.startswith("processed/"):
+            return DataError(f"dataset {name!r}: the processed file {path} is damaged ({_one_line(exc)}); "
+                             f"delete {dataset_dir / 'processed'} to rebuild it")
+    return None
+
+
 def read_graph(name: str, root: str | None = None, cache_dir: str | None = None) -> Data:
     """Read a real dataset through PyG and normalise it.
 
@@ -289,28 +352,39 @@ def read_graph(name: str, root: str | None = None, cache_dir: str | None = None)
     found = _locate(spec, data_root)
     if found is None and not _downloads_allowed(data_root):
         raise DataError(_missing_message(name, spec, data_root))
-    with _exclusive(cache / "locks" / f"{name}.lock"):
-        if found is None:
-            try:
-                with _socket_timeout(DOWNLOAD_TIMEOUT):
-                    dataset = loader(root=str(Path(data_root, spec.folder)), **spec.kwargs)
-            except Exception as exc:
-                if _locate(spec, data_root) is not None:
-                    raise DataError(f"could not process dataset {name!r} under {data_root}: "
-                                    f"{_one_line(exc)}") from exc
-                raise DataError(f"{_missing_message(name, spec, data_root)}; download failed "
-                                f"({_one_line(exc)})") from exc
-        else:
-            folder, _ = found
-            relative_dir = spec.relative_dir(folder)
-            base = (Path(data_root) if _downloads_allowed(data_root)
-                    else _mirror(name, Path(data_root, relative_dir), relative_dir, cache))
-            try:
-                dataset = loader(root=str(base / folder), **spec.kwargs)
-            except Exception as exc:
-                raise DataError(f"could not read dataset {name!r} from "
-                                f"{Path(data_root, relative_dir)}: {_one_line(exc)} (delete "
-                                f"{base / relative_dir / 'processed'} to rebuild it)") from exc
+    try:
+        with _exclusive(cache / "locks" / f"{name}.lock"):
+            if found is None:
+                dataset_dir = Path(data_root, spec.relative_dir())
+                with _files_read() as reads:
+                    try:
+                        with _socket_timeout(DOWNLOAD_TIMEOUT):
+                            dataset = loader(root=str(Path(data_root, spec.folder)), **spec.kwargs)
+                    except Exception as exc:
+                        failure = _read_failure(name, spec, exc, reads, dataset_dir, cache)
+                        if failure is None and _locate(spec, data_root) is not None:
+                            failure = DataError(f"could not process dataset {name!r} under {data_root}: "
+                                                f"{_one_line(exc)}")
+                        raise failure or DataError(f"{_missing_message(name, spec, data_root)}; download failed "
+                                                   f"({_one_line(exc)})") from exc
+            else:
+                folder, _ = found
+                relative_dir = spec.relative_dir(folder)
+                base = (Path(data_root) if _downloads_allowed(data_root)
+                        else _mirror(name, Path(data_root, relative_dir), relative_dir, cache))
+                dataset_dir = base / relative_dir
+                # PyG's own console lines ("Processing...") are dropped: success is silent, a failure is one line
+                with _files_read() as reads, redirect_stderr(io.StringIO()):
+                    try:
+                        dataset = loader(root=str(base / folder), **spec.kwargs)
+                    except Exception as exc:
+                        raise _read_failure(name, spec, exc, reads, dataset_dir, cache) or DataError(
+                            f"could not read dataset {name!r} from {Path(data_root, relative_dir)}: "
+                            f"{_one_line(exc)} (delete {dataset_dir / 'processed'} to rebuild it)") from exc
+    except OSError as exc:  # taking the lock or building the mirror
+        if _inside(exc.filename, cache):
+            raise _cache_failure(exc, cache) from exc
+        raise DataError(f"could not read dataset {name!r}: {_one_line(exc)}") from exc
     return _normalise(spec, dataset)
 
 

@@ -13,6 +13,8 @@ and every edge touching them is absent from the client shards.
 
 from __future__ import annotations
 
+from functools import partial
+
 import heapq
 import math
 from collections.abc import Callable
@@ -181,15 +183,28 @@ def _by_class(label: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return shuffled[np.argsort(label[shuffled], kind="stable")]
 
 
-def _assign_dirichlet(edge_index: Tensor, y: Tensor, num_clients: int, seed: int, alpha: float) -> np.ndarray:
-    """Label skew: each class is split among clients in Dir(alpha) proportions."""
+def _per_class(rng: np.random.Generator, num_classes: int, num_clients: int, alpha: float) -> np.ndarray:
+    """The paper's label skew (FedAAS §7.1): each class's shares over clients ~ Dir(alpha)."""
+    return rng.dirichlet(np.full(num_clients, alpha), size=num_classes)
+
+
+def _per_client(rng: np.random.Generator, num_classes: int, num_clients: int, alpha: float) -> np.ndarray:
+    """The FedAAS authors' code's label skew: each client's class mix ~ Dir(alpha), and every class is
+    split over clients in proportion to their weights for it."""
+    mix = rng.dirichlet(np.full(num_classes, alpha), size=num_clients)
+    return (mix / mix.sum(0)).T
+
+
+def _assign_dirichlet(edge_index: Tensor, y: Tensor, num_clients: int, seed: int, alpha: float,
+                      draw: Callable[..., np.ndarray] = _per_class) -> np.ndarray:
+    """Label skew: each class is split among clients in Dirichlet proportions (``draw``: [classes, clients])."""
     _, label = np.unique(y.numpy(), return_inverse=True)
     class_sizes = np.bincount(label)
     class_starts = np.cumsum(class_sizes) - class_sizes
     rng = np.random.default_rng(seed)
     for _ in range(_MAX_DIRICHLET_DRAWS):
         order = _by_class(label, rng)
-        proportions = rng.dirichlet(np.full(num_clients, alpha), size=class_sizes.size)
+        proportions = draw(rng, class_sizes.size, num_clients, alpha)
         bounds = np.rint(np.cumsum(proportions, axis=1) * class_sizes[:, None]).astype(np.int64)
         bounds[:, -1] = class_sizes
         # Shifted by each class's start, all bounds form one sorted array, so a single search
@@ -236,6 +251,7 @@ _ASSIGNERS: dict[str, Callable[[Tensor, Tensor, int, int, float], np.ndarray]] =
     "metis": _assign_metis,
     "louvain": _assign_louvain,
     "dirichlet": _assign_dirichlet,
+    "dirichlet-client": partial(_assign_dirichlet, draw=_per_client),
     "random": _assign_random,
     "stratified": _assign_stratified,
 }

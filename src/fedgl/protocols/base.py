@@ -59,7 +59,8 @@ class Protocol:
         return {}
 
     def state_dict(self) -> dict[str, Any]:
-        """Server-side state for checkpoints (client state is saved by the transport)."""
+        """Server-side state for checkpoints (client state is saved by the transport): tensors and plain
+        data only, as checkpoints are read with ``torch.load(weights_only=True)``."""
         return {"generator": self.generator.get_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

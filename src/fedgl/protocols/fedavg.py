@@ -9,6 +9,13 @@ Clients are parties of their own (``FedAvgClient``) or members of a ``FedAvgGrou
 trains several GCN/GraphSAGE clients as one batched computation (``protocols/fedavg_group.py``) with the
 same trajectories and the same model bytes: each member's model travels as its own row of a
 ``Rows("model")`` payload and the ledger attributes it to that member.
+
+Privacy (``RunConfig.privacy``, ``fedgl.privacy``): with ``dp`` each client clips its update (its model
+minus the global model it received) and adds Gaussian noise before anything leaves it; the server
+tracks epsilon with the accountant. With ``secure_aggregation`` the clients agree on pairwise keys once
+at setup (``public_key`` then ``agree``, relayed by the server) and each round a client sends only
+``[w * model, w, w * loss]`` (w its training-node count) in fixed point with pairwise masks, so the
+server learns the weighted sums and nothing per client.
 """
 
 from __future__ import annotations
@@ -20,8 +27,11 @@ from pydantic import Field
 from torch_geometric.data import Data
 
 from .fedavg_group import ClientGroupTrainer, flat_state, groupable, state_from_row
-from ..comm import Party, Rows, rpc
-from ..config import ModelConfig, TrainConfig
+from ..comm import Party, Rows, Transport, rpc
+from ..config import ModelConfig, RunConfig, TrainConfig
+from ..privacy import PrivacyConfig
+from ..privacy.dp import Accountant, privatize
+from ..privacy.secure_aggregation import MaskedParty, MaskingClient, decode, encode, exchange_keys, ring_sum
 from ..errors import ConfigError, RunFailed
 from ..evaluation import Evaluator
 from ..partition import horizontal_from_config
@@ -41,21 +51,51 @@ class FedAvgOptions(ProtocolOptions):
         "and every client trains every round, else one party per client"))
 
 
-class FedAvgClient(Party):
+def private_reply(rows: torch.Tensor, start: torch.Tensor, num_train: torch.Tensor, loss: torch.Tensor,
+                  privacy: PrivacyConfig, generators: list[torch.Generator | None], maskers: list[MaskingClient],
+                  participants: torch.Tensor | None, round_index: int) -> dict[str, torch.Tensor]:
+    """What k clients send after training from ``start`` to ``rows`` (``flat_state`` rows): with DP
+    the noised, clipped updates applied to ``start``; with secure aggregation only the masked
+    fixed-point rows ``[w * model, w, w * loss]``, w = training nodes (``participants``: the ids of
+    this round's clients, None = all)."""
+    if privacy.dp is not None:
+        rows = start + privatize(rows - start, privacy.dp, generators)
+    if not privacy.secure_aggregation:
+        return {"state": rows, "num_train": num_train, "loss": loss}
+    values = torch.cat([rows.double(), torch.ones_like(loss).unsqueeze(1), loss.unsqueeze(1)], 1)
+    count = maskers[0].num_clients if participants is None else participants.numel()
+    encoded = encode(values, num_train, count)
+    return {"masked": torch.stack([m.mask(e, participants, round_index) for m, e in zip(maskers, encoded)])}
+
+
+class FedAvgClient(MaskedParty, Party):
     def __init__(self, name: str, seed: int, shard: Any, model: ModelConfig, train: TrainConfig,
-                 num_features: int, num_classes: int, local_epochs: int, batch_size: int | None):
+                 num_features: int, num_classes: int, local_epochs: int, batch_size: int | None,
+                 index: int = 0, privacy: PrivacyConfig | None = None):
         super().__init__(name, seed)
         net = make_model(model, num_features, num_classes)
         self.trainer = LocalTrainer(net, model.name, shard.x, shard.edge_index, shard.y, shard.train_mask, train)
         self.num_train = int(shard.train_mask.sum())
         self.local_epochs = local_epochs
         self.batch_size = batch_size
+        self.privacy = privacy or PrivacyConfig()
+        self.masker = MaskingClient.create(index) if self.privacy.secure_aggregation else None
 
-    @rpc(state="model", returns={"state": "model", "num_train": "control", "loss": "control"})
-    def train(self, state: dict[str, torch.Tensor]) -> dict[str, Any]:
+    @rpc(state="model", participants="index",
+         returns={"state": "model", "num_train": "control", "loss": "control", "masked": "model"})
+    def train(self, state: dict[str, torch.Tensor], participants: torch.Tensor | None = None,
+              round_index: int = 0) -> dict[str, Any]:
         self.trainer.set_state(state)
         loss = self.trainer.train_epochs(self.local_epochs, self.batch_size) if self.num_train else 0.0
-        return {"state": self.trainer.get_state(), "num_train": self.num_train, "loss": loss}
+        trained = self.trainer.get_state()
+        if not self.privacy.requested():
+            return {"state": trained, "num_train": self.num_train, "loss": loss}
+        reply = private_reply(flat_state(trained).unsqueeze(0), flat_state(state).unsqueeze(0),
+                              torch.tensor([self.num_train]), torch.tensor([loss], dtype=torch.float64),
+                              self.privacy, [None], [self.masker], participants, round_index)
+        if "masked" in reply:
+            return {"masked": reply["masked"][0]}
+        return {"state": state_from_row(reply["state"][0], trained), "num_train": self.num_train, "loss": loss}
 
 
 class FedAvgGroup(Party):
@@ -67,17 +107,33 @@ class FedAvgGroup(Party):
     in ``users`` (all members when None), in that order.
     """
 
-    def __init__(self, name: str, seed: int, members: list[dict[str, Any]], train: TrainConfig, local_epochs: int):
+    def __init__(self, name: str, seed: int, members: list[dict[str, Any]], train: TrainConfig, local_epochs: int,
+                 privacy: PrivacyConfig | None = None):
         super().__init__(name, seed)
         clients = [FedAvgClient.create(**kwargs) for kwargs in members]
         # ``_rng_state`` is the torch RNG state each client party would carry into its first call.
         self.trainer = ClientGroupTrainer([c.trainer for c in clients], [c._rng_state for c in clients], train)
         self.num_train = torch.tensor([c.num_train for c in clients])
         self.local_epochs = local_epochs
+        self.privacy = privacy or PrivacyConfig()
+        self.maskers = [c.masker for c in clients]
 
-    @rpc(state=Rows("model"), users="index",
-         returns={"state": Rows("model"), "num_train": Rows("control"), "loss": Rows("control")})
-    def train(self, state: torch.Tensor, users: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    @rpc(returns=Rows("control"))
+    def public_key(self) -> torch.Tensor:
+        """Every member's public key, one row each."""
+        return torch.stack([m.public_key() for m in self.maskers])
+
+    @rpc(public_keys=Rows("control"))
+    def agree(self, public_keys: torch.Tensor) -> None:
+        """``public_keys[m]``: the relayed table of all clients' keys, as member ``m`` receives it."""
+        for masker, table in zip(self.maskers, public_keys):
+            masker.agree(table)
+
+    @rpc(state=Rows("model"), users="index", participants="index",
+         returns={"state": Rows("model"), "num_train": Rows("control"), "loss": Rows("control"),
+                  "masked": Rows("model")})
+    def train(self, state: torch.Tensor, users: torch.Tensor | None = None, participants: torch.Tensor | None = None,
+              round_index: int = 0) -> dict[str, torch.Tensor]:
         """``state`` holds one ``flat_state`` row per listed member (``users``; None = all)."""
         self.trainer.set_rows(state, users)
         num_train = self.num_train if users is None else self.num_train[users]
@@ -86,7 +142,9 @@ class FedAvgGroup(Party):
         training = num_train > 0
         if bool(training.any()):
             loss[training] = self.trainer.train_epochs(self.local_epochs, members[training]).double()
-        return {"state": self.trainer.get_rows(users), "num_train": num_train, "loss": loss}
+        return private_reply(self.trainer.get_rows(users), state, num_train, loss, self.privacy,
+                             [self.trainer.members[m].generator for m in members.tolist()],
+                             [self.maskers[m] for m in members.tolist()], participants, round_index)
 
 
 def weighted_average(states: list[dict[str, torch.Tensor]], weights: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -100,6 +158,11 @@ class FedAvg(Protocol):
     Options = FedAvgOptions
     can_skip_parties = True  # averaging goes on over the clients that remain
 
+    def __init__(self, cfg: RunConfig, transport: Transport):
+        super().__init__(cfg, transport)
+        self.privacy = cfg.privacy
+        self.accountant = Accountant(cfg.privacy.dp) if cfg.privacy.dp is not None else None
+
     def setup(self, data: Data) -> None:
         self.partition_stats = (part := horizontal_from_config(data, self.cfg.partition, self.cfg.seed)).stats
         self.model = make_model(self.cfg.model, data.num_features, int(data.num_classes))
@@ -107,19 +170,24 @@ class FedAvg(Protocol):
         clients = [
             dict(name=f"client{m}", seed=self.cfg.seed * 100_003 + m + 1, shard=shard, model=self.cfg.model,
                  train=self.cfg.train, num_features=data.num_features, num_classes=int(data.num_classes),
-                 local_epochs=self.opts.local_epochs, batch_size=self.opts.batch_size)
+                 local_epochs=self.opts.local_epochs, batch_size=self.opts.batch_size, index=m, privacy=self.privacy)
             for m, shard in enumerate(part.shards)
         ]
         self.alive = torch.ones(self.num_clients, dtype=torch.bool)
+        if self.privacy.secure_aggregation and self.sample_size() < 2:
+            raise ConfigError(f"fedavg: privacy.secure_aggregation needs at least 2 clients per round, got "
+                              f"{self.sample_size()} (partition.num_clients x protocol.client_fraction)")
         self.size = size = self.group_size()  # clients per party: client m is member m % size of party m // size
         if size == 1:
             self.clients = self.transport.spawn(FedAvgClient, clients)
         else:
             self.clients = self.transport.spawn(FedAvgGroup, [
                 dict(name=f"group{g}", seed=members[0]["seed"], members=members, train=self.cfg.train,
-                     local_epochs=self.opts.local_epochs)
+                     local_epochs=self.opts.local_epochs, privacy=self.privacy)
                 for g, members in enumerate(clients[i : i + size] for i in range(0, len(clients), size))
             ])
+        if self.privacy.secure_aggregation:
+            exchange_keys(self.transport, self.clients)
 
     def group_size(self) -> int:
         """Clients per party (see ``FedAvgOptions.group_size``)."""
@@ -146,6 +214,10 @@ class FedAvg(Protocol):
         return alive[torch.randperm(alive.numel(), generator=self.generator)[:k]].sort().values
 
     def drop_parties(self, names: list[str]) -> None:
+        if self.privacy.secure_aggregation:
+            raise RunFailed(f"fedavg lost {', '.join(names)} under secure aggregation: the pairwise masks of a "
+                            f"lost client cannot be removed without an unmasking round, which fedgl does not "
+                            f"implement; use backend.on_client_failure: stop or retry")
         for name in names:
             party = self.clients.index(name)
             self.alive[party * self.size : (party + 1) * self.size] = False
@@ -154,24 +226,43 @@ class FedAvg(Protocol):
 
     def train_round(self, round_index: int) -> dict[str, float]:
         chosen = self.sample_clients()
+        stats = {}
+        if self.accountant is not None:  # counted before any client releases its update
+            self.accountant.step(chosen.numel() / int(self.alive.sum()))
+            stats["epsilon"] = self.accountant.epsilon()
         state = self.model.state_dict()
-        rows, num_train, losses = (self.train_groups if self.size > 1 else self.train_clients)(chosen, state)
-        weights = num_train.to(rows.dtype)
-        if weights.sum() > 0:
-            self.model.load_state_dict(state_from_row((weights / weights.sum()) @ rows, state))
-            loss = float((losses.to(rows.dtype) * weights).sum() / weights.sum())
+        masking = {}
+        if self.privacy.secure_aggregation:  # who masks with whom this round (None: every client)
+            masking = {"participants": None if chosen.numel() == self.num_clients else chosen,
+                       "round_index": round_index}
+        out = (self.train_groups if self.size > 1 else self.train_clients)(chosen, state, masking)
+        if "masked" in out:
+            total = decode(ring_sum(out["masked"]))  # [sum w * model, sum w, sum w * loss]
+            if total[-2] <= 0:
+                return {"train_loss": float("nan"), **stats}
+            average, loss = total[:-2] / total[-2], float(total[-1] / total[-2])
         else:
-            loss = float("nan")
-        return {"train_loss": loss}
+            rows, weights = out["state"], out["num_train"].to(out["state"].dtype)
+            if weights.sum() <= 0:
+                return {"train_loss": float("nan"), **stats}
+            average = (weights / weights.sum()) @ rows
+            loss = float((out["loss"].to(rows.dtype) * weights).sum() / weights.sum())
+        self.model.load_state_dict(state_from_row(average, state))
+        return {"train_loss": loss, **stats}
 
-    def train_clients(self, chosen: torch.Tensor, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        """One party per client: the global ``state`` to each; their models as ``flat_state`` rows,
-        training-node counts and losses, in the order of ``chosen``."""
-        replies = self.transport.call_many([self.clients[i] for i in chosen], "train", state=state)
-        return (torch.stack([flat_state(r["state"]) for r in replies]),
-                torch.tensor([r["num_train"] for r in replies]), torch.tensor([r["loss"] for r in replies]))
+    def train_clients(self, chosen: torch.Tensor, state: dict[str, torch.Tensor],
+                      masking: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """One party per client: the global ``state`` to each; their replies stacked in the order of
+        ``chosen`` (models as ``flat_state`` rows, training-node counts, losses; or masked rows)."""
+        replies = self.transport.call_many([self.clients[i] for i in chosen], "train", state=state, **masking)
+        if "masked" in replies[0]:
+            return {"masked": torch.stack([r["masked"] for r in replies])}
+        return {"state": torch.stack([flat_state(r["state"]) for r in replies]),
+                "num_train": torch.tensor([r["num_train"] for r in replies]),
+                "loss": torch.tensor([r["loss"] for r in replies])}
 
-    def train_groups(self, chosen: torch.Tensor, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    def train_groups(self, chosen: torch.Tensor, state: dict[str, torch.Tensor],
+                     masking: dict[str, Any]) -> dict[str, torch.Tensor]:
         """As ``train_clients`` with client groups: one call per group holding chosen clients, one
         row of the global model per chosen member (``users`` names them unless all are chosen)."""
         row = flat_state(state)
@@ -182,18 +273,26 @@ class FedAvg(Protocol):
             everyone = members.numel() == min(self.size, self.num_clients - party * self.size)
             targets.append(self.clients[party])
             calls.append({"state": row.expand(members.numel(), -1), "users": None if everyone else members})
-        replies = self.transport.call_many(targets, "train", per_target=calls)
+        replies = self.transport.call_many(targets, "train", per_target=calls, **masking)
         if len(replies) == 1:  # a single group: its rows as they came
-            return replies[0]["state"], replies[0]["num_train"], replies[0]["loss"]
-        return tuple(torch.cat([r[key] for r in replies]) for key in ("state", "num_train", "loss"))
+            return replies[0]
+        return {key: torch.cat([r[key] for r in replies]) for key in replies[0]}
 
     def predict(self, evaluator: Evaluator) -> torch.Tensor:
         return evaluator.full_graph_logits(self.model, self.cfg.model.name)
 
+    def summary(self) -> dict[str, Any]:
+        if self.accountant is None:
+            return {}
+        return {"epsilon": self.accountant.epsilon(), "delta": self.accountant.delta}
+
     def state_dict(self) -> dict:
-        return super().state_dict() | {"model": self.model.state_dict(), "alive": self.alive.clone()}
+        dp = {"dp_rates": list(self.accountant.rates)} if self.accountant is not None else {}
+        return super().state_dict() | {"model": self.model.state_dict(), "alive": self.alive.clone()} | dp
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.model.load_state_dict(state["model"])
         self.alive = state["alive"].clone()
+        if self.accountant is not None:
+            self.accountant.rates = list(state["dp_rates"])

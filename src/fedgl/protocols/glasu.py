@@ -19,6 +19,11 @@ The paper's baselines are configurations of this class (see docs/glasu.md): cent
 all edges: a single party, so no message at all), standalone (K = 0: clients never communicate),
 simulated centralized (every client keeps every edge, K = L, exact backward) and the special cases of
 Section 3.5 (K = 1, K = L, ``graph: false``).
+
+With ``privacy.secure_aggregation`` (mean aggregation, local backward) every H_m^+ a client sends is
+fixed-point encoded and pairwise masked (``fedgl.privacy.secure_aggregation``), so the server learns
+only the mean it forwards. Every client receives every aggregation call, so each client counts its
+masked messages and the count, identical at all clients, freshens the masks.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ from ..models.split_vertical import (
     sample_below,
 )
 from ..partition import partition_vertical
+from ..privacy.secure_aggregation import MaskedParty, MaskingClient, decode, encode, exchange_keys, ring_sum
 from ..optim import make_optimizer
 from .base import Protocol, ProtocolOptions
 
@@ -142,7 +148,7 @@ def union(top: Tensor, parts: list[Tensor]) -> Tensor:
     return torch.cat([top, rest])
 
 
-class GlasuClient(Party):
+class GlasuClient(MaskedParty, Party):
     """Client m: its feature block, its edges, its share of the split model and its optimiser.
 
     Between the calls of one GLASU round it keeps its sampled sets, its forward pass (with the autograd
@@ -169,7 +175,17 @@ class GlasuClient(Party):
         self.last_loss: float | None = None
         self._full = None
         self._eval: ForwardPass | None = None
+        self.masker = MaskingClient.create(index) if opts["secure_aggregation"] else None
+        self.masked_sent = 0  # masked messages so far: the same count at every client
         self._reset()
+
+    def _send(self, h: Tensor) -> Tensor:
+        """H_m^+ as it leaves the client: plain, or encoded and masked for secure aggregation."""
+        if self.masker is None:
+            return h
+        self.masked_sent += 1
+        encoded = encode(h.reshape(1, -1), torch.ones(1), self.num_clients)[0]
+        return self.masker.mask(encoded, None, self.masked_sent).view(h.shape)
 
     # ---- one GLASU round ------------------------------------------------------------------------
     def _reset(self) -> None:
@@ -238,7 +254,7 @@ class GlasuClient(Party):
         self.own = self.run.run_to(min(level for level in self.levels if level > self.run.level))
         if self.opts["backward"] == "exact":
             self.sent[self.run.level] = self.own
-        return self.own.detach()
+        return self._send(self.own.detach())
 
     def _settle(self, h: Tensor) -> Tensor:
         """Keep H_{-m} = Extract(H, H_m^+) and continue from Agg(H_{-m}, H_m^+) (equal to H, with
@@ -369,7 +385,7 @@ class GlasuClient(Party):
         out = self._eval.run_to(level)
         if level == self.L:
             self._eval = None
-        return {"h": out} if above else {"logits": self.net.classify(out)}
+        return {"h": self._send(out)} if above else {"logits": self.net.classify(out)}
 
 
 class Glasu(Protocol):
@@ -403,7 +419,11 @@ class Glasu(Protocol):
         self.partition_stats = part.stats
         settings = {"S": opts.S, "Q": opts.Q, "batches": opts.batches, "sampling": opts.sampling,
                     "adjacency": opts.adjacency, "aggregation": opts.aggregation, "graph": opts.graph,
-                    "backward": opts.backward, "lr_decay_every": opts.lr_decay_every, "lr_decay": opts.lr_decay}
+                    "backward": opts.backward, "lr_decay_every": opts.lr_decay_every, "lr_decay": opts.lr_decay,
+                    "secure_aggregation": cfg.privacy.secure_aggregation}
+        if cfg.privacy.secure_aggregation and (opts.aggregation != "mean" or opts.backward != "local"):
+            raise ConfigError("glasu: privacy.secure_aggregation sums the clients' representations, so it needs "
+                              f"protocol.aggregation mean and backward local (got {opts.aggregation}, {opts.backward})")
         # One client (centralized) holds everything: every aggregation is the identity, nothing is sent.
         self.alone = not self.levels or M == 1
         self.clients = self.transport.spawn(GlasuClient, [
@@ -421,6 +441,14 @@ class Glasu(Protocol):
             self.heads = [self.clients[self.holder]]
         else:
             self.heads = self.clients[:1] if self.alone else self.clients
+        if cfg.privacy.secure_aggregation and not self.alone:
+            exchange_keys(self.transport, self.clients)
+
+    def _aggregate(self, outs: list[Tensor]) -> Tensor:
+        """Agg of the clients' H_m^+; with secure aggregation the mean decoded from the masked sum."""
+        if not self.cfg.privacy.secure_aggregation:
+            return aggregate(outs, self.opts.aggregation)
+        return (decode(ring_sum(torch.stack(outs))) / len(outs)).to(torch.get_default_dtype())
 
     # ---- training ---------------------------------------------------------------------------------
     def train_round(self, round_index: int) -> dict[str, float]:
@@ -459,7 +487,7 @@ class Glasu(Protocol):
                 stack.append((outs, aggregate(outs, how)))
                 h = stack[-1][1].detach()
             else:
-                h = aggregate(outs, how)
+                h = self._aggregate(outs)
             rows += h.size(0)
             if level == self.levels[-1]:
                 break
@@ -500,7 +528,7 @@ class Glasu(Protocol):
             return torch.stack([r["logits"] for r in t.call_many(self.heads, "infer")]).mean(0)
         outs = t.call_many(self.clients, "infer")
         for level in self.levels:
-            h = aggregate([o["h"] for o in outs], self.opts.aggregation)
+            h = self._aggregate([o["h"] for o in outs])
             if level != self.levels[-1]:
                 outs = t.call_many(self.clients, "infer", h=h)
         return torch.stack([r["logits"] for r in t.call_many(self.heads, "infer", h=h)]).mean(0)

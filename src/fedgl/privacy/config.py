@@ -1,0 +1,58 @@
+"""The ``privacy`` section of a run: secure aggregation and differential privacy, both off by default.
+
+A protocol states here which options it implements (``SUPPORTED``); asking another protocol for one
+is a one-line ``ConfigError`` naming the protocol, raised while the config is validated. This module
+imports nothing from the protocols, so ``fedgl.config`` can use it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo
+
+from ..errors import ConfigError
+
+# protocol name -> the privacy options its code implements
+SUPPORTED: dict[str, tuple[str, ...]] = {
+    "fedavg": ("secure_aggregation", "dp"),
+    "glasu": ("secure_aggregation",),
+}
+
+
+class DPConfig(BaseModel):
+    """Gaussian mechanism on each client's model update: clip to ``max_norm`` (L2), add
+    N(0, (noise_multiplier * max_norm)^2) to every coordinate; epsilon is reported at ``delta``."""
+
+    model_config = ConfigDict(extra="forbid")
+    noise_multiplier: float = Field(gt=0, description="noise standard deviation over max_norm")
+    max_norm: float = Field(gt=0, description="L2 bound every client update is clipped to")
+    delta: float = Field(1e-5, gt=0, lt=1, description="the delta epsilon is reported at")
+
+
+class PrivacyConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    secure_aggregation: bool = Field(False, description=(
+        "pairwise additive masks: the server sees only the sum of the clients' models"))
+    dp: DPConfig | None = Field(None, description="differential privacy on model updates; null = off")
+
+    def requested(self) -> list[str]:
+        """The options this section turns on."""
+        return [name for name, on in (("secure_aggregation", self.secure_aggregation), ("dp", self.dp)) if on]
+
+
+def _supported_by_protocol(privacy: PrivacyConfig, info: ValidationInfo) -> PrivacyConfig:
+    """Refuse options the run's protocol does not implement (the protocol section is validated first)."""
+    protocol = info.data.get("protocol")
+    if protocol is None:  # the protocol section itself was invalid and is reported instead
+        return privacy
+    name = str(protocol.get("name", "")).lower()
+    missing = [option for option in privacy.requested() if option not in SUPPORTED.get(name, ())]
+    if missing:
+        offered = ", ".join(f"{p} ({', '.join(o)})" for p, o in SUPPORTED.items())
+        raise ConfigError(f"privacy.{missing[0]}: protocol {name} does not implement it; supported: {offered}")
+    return privacy
+
+
+# The type of ``RunConfig.privacy``: it must be declared after ``protocol``.
+PrivacySection = Annotated[PrivacyConfig, AfterValidator(_supported_by_protocol)]

@@ -1,0 +1,296 @@
+"""Secure aggregation and differential privacy (fedgl.privacy) and their use in FedAvg and GLASU."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import itertools
+import sys
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from fedgl.config import build_config
+from fedgl.errors import ConfigError, RunFailed
+from fedgl.privacy import DPConfig
+from fedgl.privacy import dp as dp_module
+from fedgl.privacy import secure_aggregation as sa
+from fedgl.protocols.fedavg_group import flat_state
+from fedgl.runner import Run
+
+
+@pytest.fixture
+def dpa():
+    """Google's dp-accounting (the ``privacy`` extra): DP runs and the reference epsilon need it."""
+    return pytest.importorskip("dp_accounting")
+
+
+SCHEMES = [pytest.param("x25519", marks=pytest.mark.skipif(importlib.util.find_spec("cryptography") is None,
+                                                             reason="X25519 needs the cryptography package")),
+           "modp2048"]
+
+
+def fixed_pair(scheme: str, i: int) -> sa.KeyPair:
+    """Key pair number ``i`` from a fixed seed (the protocol draws its keys from the OS)."""
+    secret = hashlib.sha256(f"{scheme}{i}".encode()).digest()
+    private = secret if scheme == "x25519" else (int.from_bytes(secret, "big") + 2).to_bytes(sa.MODP_BYTES, "big")
+    return sa.KeyPair(scheme, private)
+
+
+def fixed_keys(scheme: str, count: int) -> list[sa.MaskingClient]:
+    """Clients with fixed keys, after key agreement."""
+    clients = [sa.MaskingClient(i, fixed_pair(scheme, i)) for i in range(count)]
+    table = torch.stack([c.public_key() for c in clients])
+    for c in clients:
+        c.agree(table)
+    return clients
+
+
+def config(privacy: dict | None = None, rounds: int = 3, **protocol):
+    return build_config({"dataset": {"name": "synthetic"}, "partition": {"num_clients": 4},
+                         "train": {"rounds": rounds}, "network": {"compute": "ignore"},
+                         "protocol": {"name": "fedavg", **protocol}, "privacy": privacy or {}})
+
+
+def run(cfg, tmp_path, name: str):
+    job = Run(cfg, tmp_path / name)
+    return job, job.execute(progress=False)
+
+
+def top_bits(values: torch.Tensor, bits: int = 4) -> np.ndarray:
+    """The ``bits`` most significant bits of int64 values, as unsigned bins."""
+    return ((values >> (64 - bits)) & (2**bits - 1)).numpy()
+
+
+# ---- secure aggregation ------------------------------------------------------------------------------
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_key_agreement_gives_both_sides_the_same_secret(scheme):
+    a, b, c = fixed_keys(scheme, 3)
+    assert a.pair_secrets[1] == b.pair_secrets[0] and a.pair_secrets[2] == c.pair_secrets[0]
+    assert len({a.pair_secrets[1], a.pair_secrets[2], b.pair_secrets[2]}) == 3
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_masks_cancel_in_the_servers_sum(scheme):
+    clients = fixed_keys(scheme, 5)
+    gen = torch.Generator().manual_seed(0)
+    values = torch.randn(5, 1000, generator=gen, dtype=torch.float64) * 10
+    weights = torch.tensor([3, 140, 0, 57, 9])
+    encoded = sa.encode(values, weights, participants=5)
+    masked = torch.stack([c.mask(e, None, round_index=7) for c, e in zip(clients, encoded)])
+    assert bool((masked != encoded).float().mean() > 0.99)  # no payload is the encoded update
+    plain = (weights.double().unsqueeze(1) * values).sum(0)
+    decoded = sa.decode(sa.ring_sum(masked))
+    assert torch.allclose(decoded, plain, rtol=0, atol=5 * weights.max().item() * 2.0**-sa.FRACTION_BITS)
+    # a subset of participants masks among itself only; a client left out breaks the sum
+    subset = torch.tensor([0, 3, 4])
+    part = torch.stack([clients[i].mask(encoded[i], subset, 8) for i in subset.tolist()])
+    assert torch.allclose(sa.decode(sa.ring_sum(part)), (weights[subset].double().unsqueeze(1) * values[subset]).sum(0),
+                          atol=1e-6)
+    assert not torch.allclose(sa.decode(sa.ring_sum(part[:2])), (weights[:1].double() * values[0]
+                                                                 + weights[3] * values[3]), atol=1.0)
+
+
+def test_masks_are_fresh_every_round():
+    a, _ = fixed_keys(sa.default_key_agreement(), 2)
+    zero = torch.zeros(500, dtype=torch.int64)
+    assert bool((a.mask(zero, None, 1) != a.mask(zero, None, 2)).all())
+
+
+def test_encoding_refuses_values_that_could_overflow_the_sum():
+    bound = sa.limit(10)
+    sa.encode(torch.full((1, 3), bound / 2 / 4), torch.tensor([4]), 10)
+    with pytest.raises(RunFailed, match="fixed-point range"):
+        sa.encode(torch.full((1, 3), bound / 4), torch.tensor([4]), 10)
+
+
+def test_a_masked_payload_is_uniform_whatever_the_data():
+    clients = fixed_keys(sa.default_key_agreement(), 4)
+    n = 40_000
+    structured = sa.encode(torch.linspace(-3, 3, n).unsqueeze(0), torch.tensor([50]), 4)[0]
+    zeros = torch.zeros(n, dtype=torch.int64)
+    sent_structured = clients[1].mask(structured, None, 3)
+    sent_zeros = clients[1].mask(zeros, None, 3)
+    for sent in (sent_structured, sent_zeros):
+        assert stats.chisquare(np.bincount(top_bits(sent, 6), minlength=64)).pvalue > 1e-3
+    # the test can fail: the encoded data itself is far from uniform
+    assert stats.chisquare(np.bincount(top_bits(structured, 6), minlength=64)).pvalue < 1e-12
+    as_unit = [sent.double() / 2.0**63 for sent in (sent_structured, sent_zeros)]
+    assert stats.ks_2samp(*as_unit).pvalue > 1e-3
+    assert stats.kstest(as_unit[0].numpy(), "uniform", args=(-1, 2)).pvalue > 1e-3
+
+
+def test_what_the_server_receives_from_a_fedavg_client_is_uniform_and_data_independent(tmp_path, monkeypatch):
+    """Two federations on different data, with the same keys: client 0's payload is uniform in both
+    and the two payloads have the same distribution, though the models they carry differ."""
+    counter = itertools.count()
+    monkeypatch.setattr(sa.KeyPair, "generate", classmethod(
+        lambda cls, scheme=None: fixed_pair(sa.default_key_agreement(), next(counter) % 4)))
+    sent = []
+    for seed in (0, 1):
+        cfg = build_config({"seed": seed, "dataset": {"name": "synthetic"}, "partition": {"num_clients": 4},
+                            "model": {"hidden": 128}, "protocol": {"name": "fedavg", "group_size": 1},
+                            "privacy": {"secure_aggregation": True}})
+        job = Run(cfg, tmp_path / str(seed))
+        state = job.protocol.model.state_dict()
+        sent.append(job.transport.call(job.protocol.clients[0], "train", state=state, round_index=1)["masked"])
+    assert sent[0].dtype == torch.int64 and sent[0].numel() == flat_state(state).numel() + 2
+    for payload in sent:
+        assert stats.chisquare(np.bincount(top_bits(payload), minlength=16)).pvalue > 1e-3
+    assert stats.ks_2samp(*(p.double().numpy() for p in sent)).pvalue > 1e-3
+    assert not torch.equal(sent[0], sent[1])  # same keys and round, so the same masks: the data differ
+
+
+@pytest.mark.parametrize("protocol", [{}, {"group_size": 1, "client_fraction": 0.5}])
+def test_secure_fedavg_ends_where_plain_fedavg_ends(tmp_path, protocol):
+    _, plain = run(config(**protocol), tmp_path, "plain")
+    _, secure = run(config({"secure_aggregation": True}, **protocol), tmp_path, "secure")
+    last, last_secure = plain.metrics[-1], secure.metrics[-1]
+    for key in ("train_loss", "val_accuracy", "val_loss", "test_accuracy", "test_loss", "test_macro_f1"):
+        assert last_secure[key] == pytest.approx(last[key], abs=1e-5), key
+    assert secure.summary["bytes_total"] > plain.summary["bytes_total"]
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_ledger_counts_key_exchange_and_eight_bytes_per_masked_coordinate(tmp_path, monkeypatch, scheme):
+    monkeypatch.setattr(sa, "default_key_agreement", lambda: scheme)
+    job, _ = run(config({"secure_aggregation": True}, rounds=2, group_size=1), tmp_path, "secure")
+    params = sum(p.numel() for p in job.protocol.model.state_dict().values())
+    rows = job.transport.ledger.rows()
+    key_bytes = {"x25519": 32, "modp2048": 256}[scheme]
+    n = 4
+    published = [r for r in rows if r["method"] == "public_key"]
+    relayed = [r for r in rows if r["method"] == "agree"]
+    assert {r["src"] for r in published} == {f"client{i}" for i in range(n)} and {r["round"] for r in published} == {0}
+    assert sum(r["bytes"] for r in published) == n * key_bytes
+    assert sum(r["bytes"] for r in relayed) == n * n * key_bytes
+    for r in (1, 2):
+        up = [row for row in rows if row["round"] == r and row["direction"] == "up"]
+        assert {row["kind"] for row in up} == {"model"}  # nothing per client in the clear: no counts, no losses
+        assert sum(row["bytes"] for row in up) == n * 8 * (params + 2)
+
+
+def test_secure_aggregation_stops_on_a_lost_client(tmp_path):
+    job = Run(config({"secure_aggregation": True}, group_size=1), tmp_path / "run")
+    with pytest.raises(RunFailed, match="unmasking round"):
+        job.protocol.drop_parties(["client2"])
+
+
+def test_secure_aggregation_needs_two_clients_per_round(tmp_path):
+    with pytest.raises(ConfigError, match="at least 2 clients per round, got 1"):
+        Run(config({"secure_aggregation": True}, client_fraction=0.25), tmp_path / "run")
+    a, _ = fixed_keys(sa.default_key_agreement(), 2)
+    with pytest.raises(RunFailed, match="fewer than 2 participants"):
+        a.mask(torch.zeros(3, dtype=torch.int64), torch.tensor([0]), 1)
+
+
+def glasu_config(privacy: dict, **protocol):
+    return build_config({"dataset": {"name": "synthetic"}, "partition": {"num_clients": 3, "method": "contiguous"},
+                         "train": {"rounds": 3}, "network": {"compute": "ignore"},
+                         "protocol": {"name": "glasu", "K": 2, **protocol}, "privacy": privacy})
+
+
+def test_secure_glasu_ends_where_plain_glasu_ends_and_sends_int64_representations(tmp_path):
+    plain_job, plain = run(glasu_config({}), tmp_path, "plain")
+    job, secure = run(glasu_config({"secure_aggregation": True}), tmp_path, "secure")
+    for key in ("train_loss", "val_accuracy", "val_loss", "test_accuracy", "test_loss"):
+        assert secure.metrics[-1][key] == pytest.approx(plain.metrics[-1][key], abs=1e-5), key
+
+    def forward_up(j) -> int:
+        return sum(r["bytes"] for r in j.transport.ledger.rows() if r["method"] == "forward" and r["direction"] == "up")
+
+    assert forward_up(job) == 2 * forward_up(plain_job)  # the same rows, 8 bytes per value instead of 4
+    assert {r["method"] for r in job.transport.ledger.rows() if r["round"] == 0} == {"public_key", "agree"}
+    with pytest.raises(ConfigError, match="aggregation mean and backward local"):
+        Run(glasu_config({"secure_aggregation": True}, aggregation="concat"), tmp_path / "concat")
+
+
+def test_protocols_without_privacy_options_refuse_them():
+    with pytest.raises(ConfigError, match="protocol glasu does not implement it"):
+        build_config({"protocol": {"name": "glasu"}, "privacy": {"dp": {"noise_multiplier": 1, "max_norm": 1}}})
+    with pytest.raises(ConfigError, match="protocol swift does not implement it"):
+        build_config({"protocol": {"name": "swift"}, "privacy": {"dp": {"noise_multiplier": 1, "max_norm": 1}}})
+
+
+# ---- differential privacy ----------------------------------------------------------------------------
+def test_clipping_bounds_every_update():
+    gen = torch.Generator().manual_seed(1)
+    updates = torch.randn(6, 300, generator=gen) * torch.tensor([0.01, 0.1, 1, 3, 10, 0]).unsqueeze(1)
+    clipped = dp_module.clip(updates, 1.0).numpy()
+    raw = updates.numpy()
+    norms = np.sqrt((raw.astype(np.float64) ** 2).sum(1))
+    assert (np.sqrt((clipped.astype(np.float64) ** 2).sum(1)) <= 1.0 + 1e-6).all()
+    inside = norms <= 1.0
+    np.testing.assert_allclose(clipped[inside], raw[inside], rtol=1e-6)
+    np.testing.assert_allclose(clipped[~inside], raw[~inside] / norms[~inside, None], rtol=1e-5)
+
+
+def test_fedavg_clients_send_clipped_noised_updates(tmp_path, dpa):
+    """A client's released model differs from the global model it received by at most max_norm
+    plus the noise, which here is tiny; without clipping its update is much larger."""
+    dp = {"noise_multiplier": 1e-6, "max_norm": 0.05}
+    for group_size in (1, 4):
+        job = Run(config({"dp": dp}, group_size=group_size), tmp_path / f"g{group_size}")
+        state = job.protocol.model.state_dict()
+        start = flat_state(state)
+        if group_size == 1:
+            replies = job.transport.call_many(job.protocol.clients, "train", state=state)
+            sent = torch.stack([flat_state(r["state"]) for r in replies])
+        else:
+            sent = job.transport.call(job.protocol.clients[0], "train", state=start.expand(4, -1))["state"]
+        norms = np.linalg.norm((sent - start).double().numpy(), axis=1)
+        assert (norms <= 0.05 * (1 + 1e-3)).all() and (norms >= 0.05 * (1 - 1e-3)).all()
+    plain = Run(config(group_size=1), tmp_path / "plain")
+    state = plain.protocol.model.state_dict()
+    start = flat_state(state)
+    replies = plain.transport.call_many(plain.protocol.clients, "train", state=state)
+    assert min(float((flat_state(r["state"]) - start).norm()) for r in replies) > 0.5
+
+
+def reference_epsilon(dpa, noise_multiplier: float, rate: float, rounds: int, delta: float) -> float:
+    from dp_accounting import rdp
+
+    accountant = rdp.RdpAccountant()
+    event = dpa.GaussianDpEvent(noise_multiplier)
+    accountant.compose(event if rate == 1 else dpa.PoissonSampledDpEvent(rate, event), rounds)
+    return accountant.get_epsilon(delta)
+
+
+@pytest.mark.parametrize("fraction", [1.0, 0.5])
+def test_reported_epsilon_is_the_accountants(tmp_path, fraction, dpa):
+    dp = {"noise_multiplier": 1.3, "max_norm": 1.0}
+    _, result = run(config({"dp": dp}, rounds=4, client_fraction=fraction), tmp_path, "dp")
+    reported = [row["epsilon"] for row in result.metrics]
+    expected = [reference_epsilon(dpa, 1.3, fraction, r, 1e-5) for r in range(1, 5)]
+    assert reported == pytest.approx(expected, rel=1e-9)
+    assert reported == sorted(reported) and reported[0] < reported[-1]
+    assert result.summary["epsilon"] == pytest.approx(expected[-1]) and result.summary["delta"] == 1e-5
+    _, plain = run(config(rounds=1), tmp_path, "plain")
+    assert "epsilon" not in plain.summary and "epsilon" not in plain.metrics[-1]
+
+
+def test_epsilon_falls_with_the_noise_multiplier(dpa):
+    eps = [dp_module.epsilon(sigma, [1.0] * 20, 1e-5) for sigma in (0.7, 1.0, 2.0, 4.0)]
+    assert eps == sorted(eps, reverse=True) and eps[-1] < eps[0] / 5
+
+
+def test_dp_needs_the_accounting_package(monkeypatch):
+    monkeypatch.setitem(sys.modules, "dp_accounting", None)
+    with pytest.raises(ConfigError, match=r"fedgl\[privacy\]"):
+        dp_module.Accountant(DPConfig(noise_multiplier=1, max_norm=1))
+
+
+def test_a_private_run_resumes_with_its_keys_and_budget(tmp_path, dpa):
+    dp = {"noise_multiplier": 1.0, "max_norm": 1.0}
+    base = {"dataset": {"name": "synthetic"}, "partition": {"num_clients": 4}, "network": {"compute": "ignore"},
+            "privacy": {"dp": dp, "secure_aggregation": True}, "checkpoint_every": 1}
+    straight = Run(build_config({**base, "train": {"rounds": 3}}), tmp_path / "a").execute(progress=False)
+    Run(build_config({**base, "train": {"rounds": 2}}), tmp_path / "b").execute(progress=False)
+    job = Run(build_config({**base, "train": {"rounds": 3}}), tmp_path / "b")
+    assert job.resume()
+    resumed = job.execute(progress=False)
+    assert resumed.summary["epsilon"] == pytest.approx(straight.summary["epsilon"])
+    assert resumed.metrics[-1]["test_accuracy"] == straight.metrics[-1]["test_accuracy"]
+    assert resumed.summary["bytes_total"] == straight.summary["bytes_total"]
