@@ -42,3 +42,6 @@ def test_a_marker_may_keep_some_columns_and_rows(tmp_path: Path) -> None:
     assert docs.stale(tmp_path) == []
     doc.write_text(doc.read_text().replace("; acc |", "; accuracy |"))
     assert docs.stale(tmp_path) == ["README.md: the table citing benchmarks/results/t/table.md: no column accuracy"]
+    doc.write_text(doc.read_text().replace("; accuracy |", "; acc |").replace("rows: cora", "rows: citeseer"))
+    assert docs.stale(tmp_path) == ["README.md: the table citing benchmarks/results/t/table.md: no row whose first "
+                                    "cell contains 'citeseer'"]

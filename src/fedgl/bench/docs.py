@@ -54,6 +54,9 @@ def select(lines: list[str], selection: str) -> list[str]:
             raise ValueError(f"no column {', '.join(missing)}")
         keep = [header.index(n) for n in names]
     body = [line for line in lines[2:] if rows is None or rows in cells(line)[0]]
+    if not body:
+        raise ValueError(f"no row{'' if rows is None else f' whose first cell contains {rows!r}'}")
+
     def fmt(row: list[str]) -> str:
         return "| " + " | ".join(row[i] for i in keep) + " |"
     return [fmt(header), "|" + "---|" * len(keep), *(fmt(cells(line)) for line in body)]
