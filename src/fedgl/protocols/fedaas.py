@@ -17,6 +17,8 @@ A sync step is three phases (L = 2): ``request`` (picks and one query scalar per
 ``index``/``embedding``), ``serve`` (the owners' partials and one key scalar per pick), ``finish``
 (the merged partials to the trainer, which completes its step). Remote partials are constants in
 the trainer's backward pass (ARCHITECTURE.md, "Gradients through remote embeddings are stopped").
+The GraphFed and FedGraph reconstructions are presets whose own pieces live in ``similarity.py`` and
+``fanout_policy.py``.
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ PLACEHOLDER = ModelConfig(name="sage", hidden=1, layers=1, dropout=0.0)
 class FedAASOptions(ProtocolOptions):
     widths: list[int] = Field([256, 128], description="hidden widths; layer 1 is local, later layers cross clients")
     aggregate: Literal["attention", "mean"] = Field("attention", description=(
-        "attention: one-head GAT v1 (Eq. 9 as the layer's score); mean: Eq. 11 read as a GraphSAGE mean"))
+        "attention: a one-head GAT-v1 softmax over the sampled neighbours (Eq. 9 as the layer's score); mean: "
+        "Eq. 11 read as a GraphSAGE mean"))
     root: bool = Field(True, description=(
         "the target's own embedding gets a weight of its own outside the aggregation (GraphSAGE's W_r); "
         "false (attention only): GAT's self loop inside the softmax"))
