@@ -1,4 +1,4 @@
-"""The ``fedgl`` command line: run, bench, datasets, report.
+"""The ``fedgl`` command line: run, bench, datasets, report, audit, partition.
 
 Every user error (bad config, unknown dataset, impossible partition) is one line on stderr and exit
 code 2; a traceback means a bug in fedgl.
@@ -155,6 +155,12 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _audit(args: argparse.Namespace) -> int:
+    from .privacy.audit import audit_command
+
+    return audit_command(Path(args.run_dir), console, as_json=args.json, data_root=args.data_root)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedgl", description="Federated graph learning with measured communication.")
     p.add_argument("--version", action="version", version=f"fedgl {__version__}")
@@ -202,6 +208,12 @@ def parser() -> argparse.ArgumentParser:
     rep.add_argument("--out", help="folder for report.md, curves.png and report.html (default: print only)")
     rep.add_argument("--html", metavar="PATH", help="write the HTML report page (table and plots) to PATH")
     rep.set_defaults(func=_report)
+
+    a = sub.add_parser("audit", help="attack the messages a run recorded (privacy.record_messages: true)")
+    a.add_argument("run_dir")
+    a.add_argument("--data-root", dest="data_root", help="where the auditor reads the ground truth")
+    a.add_argument("--json", action="store_true", help="print the report as one JSON line")
+    a.set_defaults(func=_audit)
     return p
 
 

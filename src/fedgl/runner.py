@@ -135,6 +135,12 @@ class Run:
         options = ({"address": b.address, "actors": b.actors, "connect_timeout_s": b.connect_timeout_s}
                    if b.name == "ray" else {})
         self.transport = make_transport(b.name, NetworkModel(**cfg.network.model_dump()), **options)
+        self.recorder = None
+        if cfg.privacy.record_messages:  # what crossed, for ``fedgl audit``
+            from .privacy.record import MessageRecorder
+
+            self.recorder = MessageRecorder(self.out_dir / "messages")
+            self.transport.observers.append(self.recorder)
         self.protocol = protocol_class(cfg.protocol_name)(cfg, self.transport)
         self.protocol.setup(data)
         self.metrics: list[dict[str, Any]] = []
@@ -269,6 +275,8 @@ class Run:
             raise
         finally:
             self.transport.close()
+            if self.recorder is not None:
+                self.recorder.close()
         summary = self.summarize(time.perf_counter() - started)
         self.write(summary)
         (self.out_dir / FINISHED).write_text(config_hash(cfg) + "\n")

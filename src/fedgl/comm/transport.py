@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -32,6 +32,9 @@ class Transport:
         self._evaluating = False
         self._mark = time.perf_counter(), time.process_time()
         self.compute_s: dict[str, float] = {}  # CPU seconds of each party's training calls
+        # Called with (round, sender, receiver, method, payload, evaluating) for every message, after
+        # it is measured: e.g. the recorder ``fedgl audit`` reads (``privacy.record_messages``).
+        self.observers: list[Callable[[int, str, str, str, Any, bool], None]] = []
 
     # ---- backend hooks ----------------------------------------------------------------------------
     def _create(self, name: str, cls: type[Party], kwargs: dict[str, Any]) -> None:
@@ -103,6 +106,7 @@ class Transport:
             kwargs = {**shared, **(per_target[i] if per_target is not None else {})}
             down = measure_args(spec_of(self._classes[target], method), kwargs)
             self._record(SERVER, target, down, kwargs, method)
+            self._observe(SERVER, target, method, kwargs)
             downs.append(down)
             calls.append((target, method, kwargs))
         outcomes = self._execute(calls)
@@ -111,6 +115,7 @@ class Transport:
         for (target, _, kwargs), down, (result, seconds) in zip(calls, downs, outcomes):
             up = measure_result(spec_of(self._classes[target], method), result)
             self._record(target, SERVER, up, kwargs, method)
+            self._observe(target, SERVER, method, result)
             times[target] = (
                 self._transfer_s(down) + network.compute_s(*seconds) + self._transfer_s(up)
             )
@@ -141,6 +146,10 @@ class Transport:
             members = kwargs.get("users")
             members = torch.arange(n) if members is None else torch.as_tensor(members, dtype=torch.long)
             ledger.record_members(group, direction, members, bytes_each)
+
+    def _observe(self, src: str, dst: str, method: str, payload: Any) -> None:
+        for observer in self.observers:
+            observer(self.ledger.round, src, dst, method, payload, self._evaluating)
 
     def _charge_server(self) -> None:
         """Server compute since the last call counts on the clock (not while evaluating)."""

@@ -35,6 +35,8 @@ class PrivacyConfig(BaseModel):
     secure_aggregation: bool = Field(False, description=(
         "pairwise additive masks: the server sees only the sum of the clients' models"))
     dp: DPConfig | None = Field(None, description="differential privacy on model updates; null = off")
+    record_messages: bool = Field(False, description=(
+        "write every message's payload to <out>/messages/ so `fedgl audit` can attack what crossed"))
 
     def requested(self) -> list[str]:
         """The options this section turns on."""
