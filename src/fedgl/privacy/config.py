@@ -17,6 +17,7 @@ from ..errors import ConfigError
 SUPPORTED: dict[str, tuple[str, ...]] = {
     "fedavg": ("secure_aggregation", "dp"),
     "glasu": ("secure_aggregation",),
+    "fedaas": ("secure_aggregation",),
 }
 
 
