@@ -32,6 +32,6 @@ def ray_session():
     """One local Ray instance shared by every Ray test (starting Ray costs seconds)."""
     ray = pytest.importorskip("ray")
     if not ray.is_initialized():
-        ray.init(_node_ip_address="127.0.0.1", num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=256 * 1024**2)
+        ray.init(address="local", _node_ip_address="127.0.0.1", num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=256 * 1024**2)
     yield ray
     ray.shutdown()

@@ -155,6 +155,20 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _partition(args: argparse.Namespace) -> int:
+    from .config import load_config
+    from .deployment import write_shards
+
+    cfg = load_config(args.config, list(args.set or []))
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file, not a folder")
+    manifest = write_shards(cfg, out)
+    console.print(f"{len(manifest['parties'])} party shards, the server's state and the evaluator's ground truth "
+                  f"written to {out}; run with --set backend.shards={out}")
+    return 0
+
+
 def _audit(args: argparse.Namespace) -> int:
     from .privacy.audit import audit_command
 
@@ -208,6 +222,12 @@ def parser() -> argparse.ArgumentParser:
     rep.add_argument("--out", help="folder for report.md, curves.png and report.html (default: print only)")
     rep.add_argument("--html", metavar="PATH", help="write the HTML report page (table and plots) to PATH")
     rep.set_defaults(func=_report)
+
+    part = sub.add_parser("partition", help="write one shard file per party and a manifest, for deployment")
+    part.add_argument("config", nargs="?", help="the run's YAML config")
+    part.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key")
+    part.add_argument("--out", required=True, help="the shard folder")
+    part.set_defaults(func=_partition)
 
     a = sub.add_parser("audit", help="attack the messages a run recorded (privacy.record_messages: true)")
     a.add_argument("run_dir")

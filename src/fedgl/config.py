@@ -81,8 +81,18 @@ class EvalConfig(Section):
     stop_at_target: bool = False
 
 
+class PartyPlacement(Section):
+    node: str | None = Field(None, description=(
+        "a Ray custom resource the party's node was started with (ray start --resources); the party runs there"))
+    data: str | None = Field(None, description="the party's shard file on its node (default <shards>/<name>.pt)")
+
+
 class BackendConfig(Section):
     name: Literal["local", "ray"] = "local"
+    shards: str | None = Field(None, description=(
+        "a folder written by `fedgl partition`: the driver loads no dataset, each party loads its own shard"))
+    parties: dict[str, PartyPlacement] = Field(default_factory=dict, description=(
+        "per party (by name; `evaluator` is the scoring harness): the node it is pinned to and its shard file"))
     address: str | None = Field(None, description="an existing Ray cluster; default starts a local one")
     connect_timeout_s: float = Field(30.0, gt=0, description="how long to wait for the Ray cluster at address")
     actors: int | None = Field(None, ge=1, description="Ray actors hosting the clients; default one per core")

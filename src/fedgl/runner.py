@@ -32,9 +32,9 @@ from .results import (CONFIG, FINISHED, LEDGER, METRICS, PLOT, SUMMARY, best_row
 from .tracking import Tracking
 
 CHECKPOINT = "checkpoint.pt"
-# Keys a resumed run may change: how long it runs and where, not what it computes.
+# Keys a resumed run may change: how long it runs, where, and what it records, not what it computes.
 RESUMABLE_CHANGES = ("train.rounds", "checkpoint_every", "threads", "backend.name", "backend.address",
-                     "backend.actors", "logging")
+                     "backend.actors", "backend.shards", "backend.parties", "logging", "privacy.record_messages")
 
 
 @dataclass
@@ -108,9 +108,13 @@ def flat_config(cfg: RunConfig) -> dict[str, Any]:
     return walk(cfg.model_dump(mode="json"), "")
 
 
+def resumable_change(key: str) -> bool:
+    return any(key == k or key.startswith(f"{k}.") for k in RESUMABLE_CHANGES)
+
+
 def config_hash(cfg: RunConfig) -> str:
     """What the run computes, as a short hash (keys a resume may change are left out)."""
-    kept = {k: v for k, v in flat_config(cfg).items() if k not in RESUMABLE_CHANGES}
+    kept = {k: v for k, v in flat_config(cfg).items() if not resumable_change(k)}
     return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -129,11 +133,11 @@ class Run:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
-        data = data if data is not None else load_data(cfg)
-        self.evaluator = Evaluator(data)
         b = cfg.backend
-        options = ({"address": b.address, "actors": b.actors, "connect_timeout_s": b.connect_timeout_s}
-                   if b.name == "ray" else {})
+        if not b.shards:
+            data = data if data is not None else load_data(cfg)
+        options = ({"address": b.address, "actors": b.actors, "connect_timeout_s": b.connect_timeout_s,
+                    "nodes": {name: p.node for name, p in b.parties.items() if p.node}} if b.name == "ray" else {})
         self.transport = make_transport(b.name, NetworkModel(**cfg.network.model_dump()), **options)
         self.recorder = None
         if cfg.privacy.record_messages:  # what crossed, for ``fedgl audit``
@@ -141,8 +145,15 @@ class Run:
 
             self.recorder = MessageRecorder(self.out_dir / "messages")
             self.transport.observers.append(self.recorder)
-        self.protocol = protocol_class(cfg.protocol_name)(cfg, self.transport)
-        self.protocol.setup(data)
+        if b.shards:  # deployment: the driver holds the manifest and the server's state, never the dataset
+            from .deployment import deploy
+
+            self.protocol, self.evaluator = deploy(cfg, self.transport)
+        else:
+            self.evaluator = Evaluator(data)
+            self.protocol = protocol_class(cfg.protocol_name)(cfg, self.transport)
+            self.protocol.setup(data)
+        self.protocol.start()
         self.metrics: list[dict[str, Any]] = []
         self.start_round = 1
         self.completed = 0
@@ -202,7 +213,7 @@ class Run:
         if state["config_hash"] != config_hash(self.cfg):
             now = flat_config(self.cfg)
             differing = sorted(k for k in set(now) | set(state["config"])
-                               if k not in RESUMABLE_CHANGES and now.get(k) != state["config"].get(k))
+                               if not resumable_change(k) and now.get(k) != state["config"].get(k))
             raise ConfigError(f"cannot resume: the checkpoint in {self.out_dir} was made with a different config "
                               f"({', '.join(differing)})")
         self.transport.load_parties(self.out_dir / state["parties"])  # each party names its own bad file

@@ -95,12 +95,27 @@ class PartyGroup:
     def add(self, name: str, cls: type[Party], kwargs: dict[str, Any]) -> None:
         self.parties[name] = cls.create(**kwargs)
 
+    def add_from_file(self, name: str, cls_path: str, path: str) -> None:
+        """Make party ``name`` from its own shard file, read here (deployment: on the party's node)."""
+        from .shard_file import load_party
+
+        cls, kwargs = load_party(path, cls_path)
+        self.parties[name] = cls.create(**kwargs)
+
     def snapshot(self) -> dict[str, dict[str, Any]]:
         return {name: party.get_state() for name, party in self.parties.items()}
 
     def restore(self, states: dict[str, dict[str, Any]]) -> None:
         for name, state in states.items():
             self.parties[name].set_state(state)
+
+    def hold(self) -> None:
+        """Keep a copy of every party's state here, in the parties' own process."""
+        self._held = pickle.dumps(self.snapshot())
+
+    def roll_back(self) -> None:
+        """Return every party to the state ``hold`` kept."""
+        self.restore(pickle.loads(self._held))
 
     def save(self, folder: str | Path) -> None:
         """Each party's own checkpoint, written here: party states never leave the process."""

@@ -8,7 +8,7 @@ their state, numpy arrays as tensors, containers and objects recursively) into w
 
 from __future__ import annotations
 
-import sys
+import importlib
 import types
 import weakref
 from typing import Any
@@ -29,43 +29,50 @@ class StateMismatch(ValueError):
     """A saved state does not fit the object it is loaded into."""
 
 
-def plain(value: Any) -> Any:
+def plain(value: Any, *, configs: bool = False, skip: tuple[type, ...] = ()) -> Any:
     """``value`` as tensors and plain data: objects with a ``state_dict`` (modules, optimisers) by it,
     generators by their state, numpy arrays as tensors, containers and other objects' attributes
-    recursively. Code (functions, classes), configuration (pydantic models) and references back up the
-    object graph are not state and are left out."""
-    return _plain(value, frozenset())
+    recursively. Code (functions, classes), references back up the object graph and instances of
+    ``skip`` are left out; so is configuration (pydantic models) unless ``configs`` keeps it (a party's
+    shard file holds the settings the party is made with)."""
+    return _Plain(configs, skip).convert(value, frozenset())
 
 
-def _plain(value: Any, active: frozenset[int]) -> Any:
-    if isinstance(value, PRIMITIVES):
-        return value
-    if isinstance(value, torch.Tensor):  # without its autograd graph and Python attributes (caches)
-        return value.detach() if value.grad_fn is not None or vars(value) else value
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return {TAG: "numpy", "data": torch.from_numpy(value.copy())}
-    if isinstance(value, torch.Generator):
-        return {TAG: "generator", "state": value.get_state()}
-    if isinstance(value, NOT_STATE) or id(value) in active:
-        return _SKIP
-    inner = active | {id(value)}
-    if callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None)):
-        return {TAG: "state_dict", "state": _plain(value.state_dict(), inner)}
-    if isinstance(value, dict):
-        bad = [key for key in value if not _plain_key(key)]
-        if bad:
-            raise TypeError(f"cannot checkpoint a dict keyed by {type(bad[0]).__qualname__}")
-        return _kept({key: _plain(v, inner) for key, v in value.items()})
-    if type(value) in (list, tuple, set):
-        return type(value)(None if v is _SKIP else v for v in (_plain(v, inner) for v in value))
-    slots = [name for cls in type(value).__mro__ for name in getattr(cls, "__slots__", ()) if hasattr(value, name)]
-    if not slots and not hasattr(value, "__dict__"):
-        raise TypeError(f"cannot checkpoint a {type(value).__qualname__}")
-    attrs = {name: getattr(value, name) for name in slots} | getattr(value, "__dict__", {})
-    return {TAG: "object", "class": _class_path(type(value)),
-            "attrs": _kept({name: _plain(v, inner) for name, v in attrs.items()})}
+class _Plain:
+    def __init__(self, configs: bool, skip: tuple[type, ...]):
+        self.configs, self.skip = configs, skip
+
+    def convert(self, value: Any, active: frozenset[int]) -> Any:
+        if isinstance(value, PRIMITIVES):
+            return value
+        if isinstance(value, torch.Tensor):  # without its autograd graph and Python attributes (caches)
+            return value.detach() if value.grad_fn is not None or vars(value) else value
+        if isinstance(value, np.generic):
+            return value.item()
+        if isinstance(value, np.ndarray):
+            return {TAG: "numpy", "data": torch.from_numpy(value.copy())}
+        if isinstance(value, torch.Generator):
+            return {TAG: "generator", "state": value.get_state()}
+        if self.configs and isinstance(value, BaseModel):
+            return {TAG: "config", "class": _class_path(type(value)), "data": value.model_dump()}
+        if isinstance(value, NOT_STATE) or isinstance(value, self.skip) or id(value) in active:
+            return _SKIP
+        inner = active | {id(value)}
+        if callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None)):
+            return {TAG: "state_dict", "state": self.convert(value.state_dict(), inner)}
+        if isinstance(value, dict):
+            bad = [key for key in value if not _plain_key(key)]
+            if bad:
+                raise TypeError(f"cannot checkpoint a dict keyed by {type(bad[0]).__qualname__}")
+            return _kept({key: self.convert(v, inner) for key, v in value.items()})
+        if type(value) in (list, tuple, set):
+            return type(value)(None if v is _SKIP else v for v in (self.convert(v, inner) for v in value))
+        slots = [name for cls in type(value).__mro__ for name in getattr(cls, "__slots__", ()) if hasattr(value, name)]
+        if not slots and not hasattr(value, "__dict__"):
+            raise TypeError(f"cannot checkpoint a {type(value).__qualname__}")
+        attrs = {name: getattr(value, name) for name in slots} | getattr(value, "__dict__", {})
+        return {TAG: "object", "class": _class_path(type(value)),
+                "attrs": _kept({name: self.convert(v, inner) for name, v in attrs.items()})}
 
 
 def _plain_key(key: Any) -> bool:
@@ -122,24 +129,33 @@ def _restore_tagged(current: Any, saved: dict) -> Any:
             raise StateMismatch(f"a saved state dict has no {type(current).__qualname__} to load into")
         current.load_state_dict(restore(None, saved["state"]))
         return current
+    if kind == "config":
+        return own_class(saved["class"]).model_validate(saved["data"])
     if kind == "object":
         target = current if current is not None and _class_path(type(current)) == saved["class"] else None
-        target = target if target is not None else _blank(saved["class"])
+        if target is None:
+            cls = own_class(saved["class"])
+            target = cls.__new__(cls)
         for name, value in saved["attrs"].items():
             object.__setattr__(target, name, restore(getattr(target, name, None), value))
         return target
     raise StateMismatch(f"unknown saved value {kind!r}")
 
 
-def _blank(path: str) -> Any:
-    """An empty instance of one of fedgl's own classes (already imported), to restore attributes into."""
+def own_class(path: str) -> type:
+    """One of fedgl's own classes by its ``module:qualname`` path; nothing else is ever looked up."""
     module, _, qualname = path.partition(":")
-    cls: Any = sys.modules.get(module) if module.split(".")[0] == "fedgl" else None
+    cls: Any = None
+    if module.split(".")[0] == "fedgl":
+        try:
+            cls = importlib.import_module(module)
+        except ImportError:
+            cls = None
     for part in qualname.split(".") if cls is not None else ():
         cls = getattr(cls, part, None)
     if not isinstance(cls, type):
         raise StateMismatch(f"a saved {path} object has nothing to load into")
-    return cls.__new__(cls)
+    return cls
 
 
 def first_line(err: BaseException) -> str:

@@ -11,13 +11,14 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
 from ..errors import ConfigError, FedglError, PartyFailure
 from .network import NetworkModel
 from .party import Party, PartyGroup
+from .shard_file import EVALUATOR_PARTY
 from .transport import Transport
 
 
@@ -42,12 +43,53 @@ class PartyHost(PartyGroup):
         super().__init__()
         torch.set_num_threads(threads)
 
+    def node_id(self) -> str:
+        """The Ray node this host runs on (where its parties' data is)."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+
+class Referee:
+    """A Ray actor holding the scoring harness, made from ``evaluator.pt`` where it runs (deployment)."""
+
+    def __init__(self, path: str, threads: int):
+        from ..deployment import load_evaluator
+
+        torch.set_num_threads(threads)
+        self.evaluator = load_evaluator(path)
+
+    def full_graph_logits(self, model: Any, model_name: str) -> torch.Tensor:
+        return self.evaluator.full_graph_logits(model, model_name)
+
+    def edge_logits(self, model: Any) -> torch.Tensor:
+        return self.evaluator.edge_logits(model)
+
+    def score(self, logits: torch.Tensor) -> dict[str, float]:
+        return self.evaluator.score(logits)
+
+
+class RemoteEvaluator:
+    """The driver's handle on a ``Referee``: logits stay in Ray's object store on their way to scoring."""
+
+    def __init__(self, transport: "RayTransport", actor: Any):
+        self._transport, self._actor = transport, actor
+
+    def full_graph_logits(self, model: Any, model_name: str) -> Any:
+        return self._transport._send(self._actor, "full_graph_logits", model, model_name)
+
+    def edge_logits(self, model: Any) -> Any:
+        return self._transport._send(self._actor, "edge_logits", model)
+
+    def score(self, logits: Any) -> dict[str, float]:
+        return self._transport._ray.get(self._transport._send(self._actor, "score", logits))
+
 
 class RayTransport(Transport):
     backend = "ray"
 
     def __init__(self, network: NetworkModel | None = None, *, address: str | None = None, actors: int | None = None,
-                 connect_timeout_s: float = 30.0):
+                 connect_timeout_s: float = 30.0, nodes: dict[str, str] | None = None):
         super().__init__(network)
         try:
             import ray
@@ -61,7 +103,8 @@ class RayTransport(Transport):
                 if address:
                     ray.init(address=address, log_to_driver=False)
                 else:
-                    ray.init(  # on loopback only; Ray's token authentication stays on unless the user opts out
+                    ray.init(  # a new instance on loopback only (never a cluster found running on this machine);
+                        address="local",  # Ray's token authentication stays on unless the user opts out
                         _node_ip_address="127.0.0.1",
                         num_cpus=os.cpu_count(),
                         include_dashboard=False,
@@ -75,22 +118,52 @@ class RayTransport(Transport):
         else:
             self._owns_ray = False
         self._max_actors = actors or os.cpu_count() or 1
-        self._host_cls = ray.remote(num_cpus=0)(PartyHost)
+        self._nodes = nodes or {}  # party name -> the custom resource of the node it is pinned to
         self._hosts: list[Any] = []
+        self._host_nodes: list[str | None] = []
         self._placement: dict[str, int] = {}
-        self._specs: dict[str, tuple[type[Party], dict[str, Any]]] = {}  # how each party was spawned
+        self._specs: dict[str, tuple[str, tuple]] = {}  # how each party was made, to make it again
         self._dead: set[int] = set()  # hosts whose actor died (until revived)
+        # Called with (actor method, arguments) for everything the driver sends to an actor: what a
+        # deployment test watches to prove no party's data leaves its node.
+        self.outbound: list[Callable[[str, tuple], None]] = []
+
+    def _send(self, actor: Any, method: str, *args: Any) -> Any:
+        for observer in self.outbound:
+            observer(method, args)
+        return getattr(actor, method).remote(*args)
+
+    def _pinned(self, cls: Any, node: str | None) -> Any:
+        options = {"num_cpus": 0} | ({"resources": {node: 0.001}} if node else {})
+        return self._ray.remote(cls).options(**options)  # num_cpus=0: threads are set per actor
+
+    def _place(self, name: str) -> int:
+        """The host of party ``name``: hosts are per node, up to ``actors`` of them on each."""
+        node = self._nodes.get(name)
+        mine = [h for h, n in enumerate(self._host_nodes) if n == node]
+        placed = sum(1 for h in self._placement.values() if self._host_nodes[h] == node)
+        slot = placed % self._max_actors
+        if slot == len(mine):
+            self._hosts.append(self._new_host(node))
+            self._host_nodes.append(node)
+            mine.append(len(self._hosts) - 1)
+        self._placement[name] = mine[slot]
+        return mine[slot]
 
     def _create(self, name: str, cls: type[Party], kwargs: dict[str, Any]) -> None:
-        index = len(self._placement) % self._max_actors
-        if index == len(self._hosts):
-            self._hosts.append(self._new_host())
-        self._placement[name] = index
-        self._specs[name] = (cls, kwargs)
-        self._ray.get(self._hosts[index].add.remote(name, cls, kwargs))
+        self._specs[name] = ("add", (name, cls, kwargs))
+        self._ray.get(self._send(self._hosts[self._place(name)], "add", name, cls, kwargs))
 
-    def _new_host(self) -> Any:
-        return self._host_cls.remote(torch.get_num_threads())
+    def _create_from_file(self, name: str, cls_path: str, path: str) -> None:
+        self._specs[name] = ("add_from_file", (name, cls_path, path))
+        self._gather({0: self._send(self._hosts[self._place(name)], "add_from_file", name, cls_path, path)})
+
+    def _new_host(self, node: str | None) -> Any:
+        return self._pinned(PartyHost, node).remote(torch.get_num_threads())
+
+    def evaluator_from_file(self, path: str) -> RemoteEvaluator:
+        node = self._nodes.get(EVALUATOR_PARTY)
+        return RemoteEvaluator(self, self._pinned(Referee, node).remote(path, torch.get_num_threads()))
 
     def _gather(self, futures: dict[int, Any]) -> dict[int, Any]:
         """Each host's result; a host whose actor died raises ``PartyFailure`` naming its parties, and a
@@ -114,7 +187,8 @@ class RayTransport(Transport):
         by_host: dict[int, list[int]] = {}
         for i, (name, _, _) in enumerate(calls):
             by_host.setdefault(self._placement[name], []).append(i)
-        results = self._gather({h: self._hosts[h].run.remote([calls[i] for i in idx]) for h, idx in by_host.items()})
+        results = self._gather({h: self._send(self._hosts[h], "run", [calls[i] for i in idx])
+                                for h, idx in by_host.items()})
         out: list[tuple[Any, tuple[float, float]]] = [None] * len(calls)  # type: ignore[list-item]
         for h, host_results in results.items():
             for i, result in zip(by_host[h], host_results):
@@ -124,22 +198,29 @@ class RayTransport(Transport):
     def _live(self) -> dict[int, Any]:
         return {h: host for h, host in enumerate(self._hosts) if h not in self._dead}
 
+    def hold(self) -> None:
+        self._gather({h: self._send(host, "hold") for h, host in self._live().items()})
+
+    def roll_back(self) -> None:
+        self._gather({h: self._send(host, "roll_back") for h, host in self._live().items()})
+
     def save_parties(self, folder: Path) -> None:
-        self._gather({h: host.save.remote(str(folder)) for h, host in self._live().items()})
+        self._gather({h: self._send(host, "save", str(folder)) for h, host in self._live().items()})
 
     def load_parties(self, folder: Path) -> None:
-        self._gather({h: host.load.remote(str(folder)) for h, host in self._live().items()})
+        self._gather({h: self._send(host, "load", str(folder)) for h, host in self._live().items()})
 
     def revive(self, parties: Sequence[str]) -> None:
         for h in sorted({self._placement[name] for name in parties}):
-            self._hosts[h] = self._new_host()
+            self._hosts[h] = self._new_host(self._host_nodes[h])
             self._dead.discard(h)
             mine = [name for name, host in self._placement.items() if host == h]
-            self._ray.get([self._hosts[h].add.remote(name, *self._specs[name]) for name in mine])
+            self._ray.get([self._send(self._hosts[h], method, *args)
+                           for method, args in (self._specs[name] for name in mine)])
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         states: dict[str, dict[str, Any]] = {}
-        for part in self._ray.get([host.snapshot.remote() for host in self._hosts]):
+        for part in self._ray.get([self._send(host, "snapshot") for host in self._hosts]):
             states.update(part)
         return states
 
@@ -147,7 +228,7 @@ class RayTransport(Transport):
         futures = []
         for h, host in enumerate(self._hosts):
             mine = {n: s for n, s in states.items() if self._placement[n] == h}
-            futures.append(host.restore.remote(mine))
+            futures.append(self._send(host, "restore", mine))
         self._ray.get(futures)
 
     def close(self) -> None:

@@ -46,10 +46,20 @@ class Transport:
         raise NotImplementedError
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
-        """Every party's own checkpoint of its state (kept where the party lives; not traffic)."""
+        """Every party's state, brought to the caller: for tests that inspect parties, never for a
+        protocol (a party's state does not leave it; protocols use ``hold``/``roll_back``)."""
         raise NotImplementedError
 
     def restore(self, states: dict[str, dict[str, Any]]) -> None:
+        raise NotImplementedError
+
+    def hold(self) -> None:
+        """Every party keeps a copy of its state where it lives (not traffic), e.g. to try a setting
+        for a round and go back."""
+        raise NotImplementedError
+
+    def roll_back(self) -> None:
+        """Every party returns to the state it kept at the last ``hold``."""
         raise NotImplementedError
 
     def save_parties(self, folder: Path) -> None:
@@ -80,6 +90,24 @@ class Transport:
             names.append(name)
         self.idle()
         return names
+
+    def spawn_from_file(self, name: str, cls: type[Party], cls_path: str, path: str) -> None:
+        """Make party ``name`` (a ``cls``) from its own shard file, which the party reads where it
+        lives; the file never passes through here (deployment, ``fedgl partition``)."""
+        if name in self._classes or name == SERVER:
+            raise ValueError(f"party name {name!r} is taken")
+        self._classes[name] = cls
+        self._create_from_file(name, cls_path, path)
+        self.idle()
+
+    def _create_from_file(self, name: str, cls_path: str, path: str) -> None:
+        raise NotImplementedError
+
+    def evaluator_from_file(self, path: str) -> Any:
+        """The scoring harness, made where ``path`` (``evaluator.pt``) is."""
+        from ..deployment import load_evaluator
+
+        return load_evaluator(path)
 
     @property
     def parties(self) -> list[str]:
@@ -200,11 +228,20 @@ class LocalTransport(Transport):
     def _create(self, name: str, cls: type[Party], kwargs: dict[str, Any]) -> None:
         self._group.add(name, cls, kwargs)
 
+    def _create_from_file(self, name: str, cls_path: str, path: str) -> None:
+        self._group.add_from_file(name, cls_path, path)
+
     def snapshot(self) -> dict[str, dict[str, Any]]:
         return self._group.snapshot()
 
     def restore(self, states: dict[str, dict[str, Any]]) -> None:
         self._group.restore(states)
+
+    def hold(self) -> None:
+        self._group.hold()
+
+    def roll_back(self) -> None:
+        self._group.roll_back()
 
     def save_parties(self, folder: Path) -> None:
         self._group.save(folder)

@@ -6,6 +6,10 @@ leaves it. Each message is then a Gaussian mechanism of noise multiplier ``noise
 client's data (add/remove of the client's data changes the clipped update by at most ``max_norm``).
 The privacy budget is tracked by Google's ``dp-accounting`` RDP accountant: one Gaussian event per
 round, Poisson-subsampled at the round's client sampling rate when clients are sampled.
+
+Swift's exchanged embeddings use the same mechanism per partial sum (``clip`` every row, add
+``gaussian`` noise to the sum); ``ReleaseAccountant`` counts the releases each node's row went into and
+reports epsilon for the node with the most.
 """
 
 from __future__ import annotations
@@ -32,6 +36,12 @@ def privatize(updates: Tensor, dp: DPConfig, generators: Sequence[torch.Generato
     ``generators[i]`` (None: torch's default generator, i.e. the party's own random state)."""
     noise = torch.stack([torch.randn(updates.size(1), generator=g, dtype=updates.dtype) for g in generators])
     return clip(updates, dp.max_norm) + noise * (dp.noise_multiplier * dp.max_norm)
+
+
+def gaussian(sums: Tensor, dp: DPConfig) -> Tensor:
+    """``sums`` plus N(0, (noise_multiplier * max_norm)^2) per coordinate, from torch's default
+    generator (the party's own random state)."""
+    return sums + torch.randn(sums.shape, dtype=sums.dtype) * (dp.noise_multiplier * dp.max_norm)
 
 
 def _dp_accounting():
@@ -75,3 +85,23 @@ def epsilon(noise_multiplier: float, rates: Sequence[float], delta: float) -> fl
     finally:
         absl.setLevel(level)
     return float(accountant.get_epsilon(delta))
+
+
+class ReleaseAccountant:
+    """Epsilon per node row: every noised sum holding a node's (clipped) row is one Gaussian release
+    for that node, of sensitivity ``max_norm`` (add/remove of the row). Releases compose, so epsilon is
+    that of the node whose row went into the most of them. State: the per-node counts (checkpointed)."""
+
+    def __init__(self, dp: DPConfig, num_nodes: int):
+        _dp_accounting()  # fail at setup, not after the first round
+        self.noise_multiplier = dp.noise_multiplier
+        self.delta = dp.delta
+        self.releases = torch.zeros(num_nodes, dtype=torch.long)
+
+    def record(self, nodes: Tensor) -> None:
+        """One release for each entry of ``nodes`` (global ids, repeated for several releases)."""
+        self.releases += torch.bincount(nodes, minlength=self.releases.numel())
+
+    def epsilon(self) -> float:
+        most = int(self.releases.max()) if self.releases.numel() else 0
+        return epsilon(self.noise_multiplier, [1.0] * most, self.delta) if most else 0.0

@@ -15,6 +15,10 @@ checks that bound (``limit``) and refuses a larger value instead of wrapping it.
 The PRG is ``torch.Generator`` (Mersenne Twister) seeded with 64 bits derived per round from s_ij: it
 makes the message flow, the byte counts and the cancellation real, but it is not a cryptographically
 secure generator; a deployment would use a stream cipher (e.g. AES-CTR) keyed with s_ij.
+
+``RequestMasking`` is the one-way variant for sums whose total must stay hidden from the server too
+(Swift's cross-client sums): each vector is masked for its recipient only, and the recipient, not the
+server's sum, removes the masks.
 """
 
 from __future__ import annotations
@@ -202,3 +206,81 @@ class MaskedParty:
     @rpc(public_keys="control")
     def agree(self, public_keys: Tensor) -> None:
         self.masker.agree(public_keys)
+
+
+# ---- one-way masks to a recipient (Swift's cross-client sums) ------------------------------------------
+def one_way_secret(keys: KeyPair, sender: bytes, recipient: bytes) -> bytes:
+    """The secret of the channel sender -> recipient, derived by either end (its own private key, the
+    other's public key); naming both ends in order keeps the two directions' masks apart."""
+    own = keys.public()
+    peer = recipient if own == sender else sender
+    return hashlib.sha256(b"fedgl one-way mask\x00" + keys.shared(peer) + sender + recipient).digest()
+
+
+def stream_rows(secret: bytes, label: int, ranks: Tensor, width: int) -> Tensor:
+    """Rows ``ranks`` of the int64 mask stream of a channel for ``label`` (a fresh stream per label)."""
+    rows = int(ranks.max()) + 1 if ranks.numel() else 0
+    return prg(round_seed(secret, label), rows * width).view(rows, width)[ranks]
+
+
+def rank_within(groups: Tensor) -> Tensor:
+    """Each entry's position among the entries of its group, in order."""
+    order = torch.sort(groups, stable=True).indices
+    sorted_groups = groups[order]
+    _, counts = torch.unique_consecutive(sorted_groups, return_counts=True)
+    starts = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+    rank = torch.empty_like(groups)
+    rank[order] = torch.arange(groups.numel()) - starts
+    return rank
+
+
+@dataclass
+class RequestMasking:
+    """One party's keys for one request: sums it sends are masked for their recipient, sums it receives
+    are unmasked, with one-way masks from a key agreement between the two ends. The key pair is fresh
+    per request and the server relays the request's public keys as a table (row = peer), without names.
+
+    A sender adds to the k-th vector it sends to peer r in a phase the k-th row of the stream of the
+    channel (self -> r); the server adds vectors of several senders per target and forwards them; the
+    recipient, told which (sender, rank) pairs went into each of its targets, subtracts those rows. The
+    server sees every vector and every total masked by rows it cannot compute."""
+
+    keys: KeyPair
+    peers: list[bytes] = field(default_factory=list)
+
+    @classmethod
+    def create(cls, scheme: str | None = None) -> "RequestMasking":
+        return cls(KeyPair.generate(scheme))
+
+    def public_key(self) -> Tensor:
+        return torch.frombuffer(bytearray(self.keys.public()), dtype=torch.uint8)
+
+    def agree(self, table: Tensor) -> None:
+        raw = table.to(torch.uint8).numpy().tobytes()
+        width = table.size(1)
+        self.peers = [raw[i * width : (i + 1) * width] for i in range(table.size(0))]
+
+    def _secret(self, peer: int, sending: bool) -> bytes:
+        own = self.keys.public()
+        return one_way_secret(self.keys, *((own, self.peers[peer]) if sending else (self.peers[peer], own)))
+
+    def mask(self, encoded: Tensor, to: Tensor, label: int) -> Tensor:
+        """``encoded`` (int64 rows) plus, for row i, the next row of the stream to peer ``to[i]``."""
+        out = encoded.clone()
+        rank = rank_within(to)
+        for peer in to.unique().tolist():
+            rows = to == peer
+            out[rows] += stream_rows(self._secret(peer, True), label, rank[rows], encoded.size(1))
+        return out
+
+    def unmask(self, masked: Tensor, pairs: Tensor, label: int) -> Tensor:
+        """``masked`` (one int64 row per target) minus the masks of the vectors summed into each:
+        ``pairs`` holds one column (target row, sender peer, the vector's rank in that sender's stream)
+        per vector."""
+        total = torch.zeros_like(masked)
+        target, sender, rank = pairs
+        for peer in sender.unique().tolist():
+            rows = sender == peer
+            total.index_add_(0, target[rows], stream_rows(self._secret(peer, False), label, rank[rows],
+                                                          masked.size(1)))
+        return masked - total

@@ -37,9 +37,17 @@ class Protocol:
         self.transport = transport
         self.generator = torch.Generator().manual_seed(cfg.seed)  # the server's own randomness
 
+    def build(self, num_features: int, num_classes: int) -> None:
+        """Make the server's own modules and optimisers from public facts about the data. ``setup``
+        calls it first; a deployed server (``backend.shards``) calls it instead, then loads its state."""
+
     def setup(self, data: Data) -> None:
         """Partition ``data`` and hand each party its shard; keep only what the server may know."""
         raise NotImplementedError
+
+    def start(self) -> None:
+        """Talk to the parties once before the first round (e.g. agree keys); runs after ``setup``
+        or, deployed, once every party has loaded its own shard."""
 
     def train_round(self, round_index: int) -> dict[str, float]:
         """One communication round; returns at least ``train_loss``."""

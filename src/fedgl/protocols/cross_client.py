@@ -30,11 +30,19 @@ D^-1/2 (A + I) D^-1/2 is split between the two ends: each owner scales its rows 
 A remote client answers a first-layer pair only if it sums at least ``min_aggregate`` rows that are
 non-zero as summed (after dropout), so no raw feature row ever leaves its owner; a withheld pair
 sends its count (0) and no vector.
+
+Requests travel under per-round random handles (``routing.Handles``): no owner learns which client
+trains. Privacy options (docs/privacy.md, Swift-FedGNN): with ``secure_aggregation`` the parties of a
+request agree on fresh keys after sampling and every partial sum travels in fixed point, masked so that
+only its recipient (the target's owner) can remove the masks from the total the server forwards; with
+``dp`` every row an owner sums is clipped and every partial sum noised, and the server counts the
+noised releases each node's row went into (``ReleaseAccountant``).
 """
 
 from __future__ import annotations
 
 import math
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,11 +59,14 @@ from ..evaluation import Evaluator
 from ..models import Backbone, select_rows
 from ..models.graph import canonical_model_name, feature_dropout, feature_linear
 from ..partition import horizontal_from_config
+from ..privacy import PrivacyConfig
+from ..privacy.dp import ReleaseAccountant, clip, gaussian
+from ..privacy.secure_aggregation import RequestMasking, decode, encode
 from ..sampling import CSR
 from ..optim import make_model, make_optimizer
 from .base import Protocol, ProtocolOptions
 from .horizontal_client import HorizontalClient, sample_hop
-from .routing import LayerRoute, Router
+from .routing import OWN, Handles, LayerRoute, Router
 
 # Element-wise aggregators: mean (GraphSAGE), sum (GIN), degree-normalised sum (GCN).
 SPLITTABLE = ("sage", "gin", "gcn")
@@ -161,6 +172,7 @@ class Plan:
     sent: dict[int, Tensor] = field(default_factory=dict)  # sums served for layer l, kept for remote backprop
     h: dict[int, Tensor] = field(default_factory=dict)
     h_in: dict[int, Tensor] = field(default_factory=dict)
+    masking: RequestMasking | None = None  # this request's keys (secure aggregation)
 
     def form(self, level: int, num_local: int) -> None:
         """Fix ``nodes[level]``: the level above, its local picks and the picks routed here."""
@@ -216,8 +228,9 @@ class CrossClient(HorizontalClient):
 
     def __init__(self, name: str, seed: int, shard: Any, model: ModelConfig, train: TrainConfig,
                  num_features: int, num_classes: int, batch_size: int | None, fanouts: list[int],
-                 min_aggregate: int = 2, remote_backprop: bool = False):
+                 min_aggregate: int = 2, remote_backprop: bool = False, privacy: PrivacyConfig | None = None):
         super().__init__(name, seed, shard, model, num_features, num_classes)
+        self.privacy = privacy or PrivacyConfig()
         self.train_cfg = train
         self.batch_size = batch_size
         self.fanouts = list(fanouts)
@@ -294,7 +307,7 @@ class CrossClient(HorizontalClient):
         if mode != "cross":
             return self._gradient(self._local_plan())
         plan, picks = self._own_plan(self.full_csr)
-        self.plans[self.name] = plan
+        self.plans[OWN] = plan
         return picks
 
     @rpc(incoming="index", returns="index")
@@ -308,13 +321,33 @@ class CrossClient(HorizontalClient):
                 out[trainer] = picks
         return out
 
-    @rpc(incoming="index", remote="embedding", counts="index", returns={"sums": "embedding", "counts": "index"})
+    @rpc(incoming="index", returns="control")
+    def request_keys(self, incoming: dict[str, dict[str, Tensor]]) -> dict[str, Tensor]:
+        """Secure aggregation: take the first layer's picks routed here (``propagate`` does without
+        it), make a fresh key pair for every request this client takes part in and return the public
+        keys, by request name."""
+        self._receive(1, incoming)
+        for plan in self.plans.values():
+            plan.masking = RequestMasking.create()
+        return {name: plan.masking.public_key() for name, plan in self.plans.items()}
+
+    @rpc(peers="control")
+    def request_peers(self, peers: dict[str, Tensor]) -> None:
+        """Each request's public keys as the server relays them (one row per party, no names)."""
+        for name, table in peers.items():
+            self.plans[name].masking.agree(table)
+
+    @rpc(incoming="index", remote="embedding", counts="index", mask_to="index", unmask="index",
+         returns={"sums": "embedding", "counts": "index"})
     def propagate(self, layer: int, incoming: dict[str, dict[str, Tensor]] | None = None,
-                  remote: dict[str, Tensor] | None = None, counts: dict[str, Tensor] | None = None) -> dict:
+                  remote: dict[str, Tensor] | None = None, counts: dict[str, Tensor] | None = None,
+                  mask_to: dict[str, Tensor] | None = None, unmask: dict[str, Tensor] | None = None) -> dict:
         """Receive the cross-owner sums for layer ``layer-1`` (Eq. 6) and return this owner's
-        partial sums for layer ``layer`` (Eq. 5): one vector per (target, owner) pair."""
+        partial sums for layer ``layer`` (Eq. 5): one vector per (target, owner) pair. Secure
+        aggregation: ``mask_to`` names every pair's recipient (a row of the request's key table),
+        ``unmask`` which masked vectors went into each received sum (see ``RequestMasking``)."""
         self._receive(layer, incoming or {})
-        self._store(layer - 1, remote or {}, counts or {})
+        self._store(layer - 1, remote or {}, counts or {}, unmask)
         sums, sizes = {}, {}
         for trainer, plan in self.plans.items():
             plan.form(layer - 1, self.x.size(0))
@@ -326,6 +359,8 @@ class CrossClient(HorizontalClient):
             rows = dense_rows(h_in if backprop else h_in.detach(), src)
             scale = source_scale(self.model, plan.degree[plan.nodes[layer - 1][src]])
             rows = rows if scale is None else rows * scale
+            if self.privacy.dp is not None:  # every row's influence on a sum bounded by max_norm
+                rows = clip(rows, self.privacy.dp.max_norm)
             npairs = int(pair.max()) + 1
             total = torch.zeros(npairs, rows.size(1)).index_add_(0, pair, rows)
             size = torch.bincount(pair, minlength=npairs)
@@ -334,17 +369,24 @@ class CrossClient(HorizontalClient):
                 # non-zero as summed (after dropout); a withheld pair sends count 0 and no vector.
                 nonzero = torch.bincount(pair, weights=(rows != 0).any(1).double(), minlength=npairs)
                 size[nonzero < self.min_aggregate] = 0
+            if self.privacy.dp is not None:
+                total = gaussian(total, self.privacy.dp)
+            if plan.masking is not None:  # fixed point, masked for the recipient: the server learns nothing
+                encoded = encode(total, torch.ones(npairs, dtype=torch.long), len(plan.masking.peers))
+                total = plan.masking.mask(encoded, mask_to[trainer], layer)
+            if bool((size == 0).any()):
                 total = total[size > 0]
             if backprop:
                 plan.sent[layer] = total
             sums[trainer], sizes[trainer] = total.detach(), size
         return {"sums": sums, "counts": sizes}
 
-    @rpc(remote="embedding", counts="index", returns={"gradient": "gradient", "loss": "control"})
-    def finish(self, remote: dict[str, Tensor], counts: dict[str, Tensor], keep: bool = False) -> dict[str, Any]:
+    @rpc(remote="embedding", counts="index", unmask="index", returns={"gradient": "gradient", "loss": "control"})
+    def finish(self, remote: dict[str, Tensor], counts: dict[str, Tensor], keep: bool = False,
+               unmask: dict[str, Tensor] | None = None) -> dict[str, Any]:
         """Eq. (7)-(8) on the batch with the last layer's cross-owner sums; return the gradient."""
-        self._store(self.levels, remote, counts)
-        plan = self.plans[self.name]
+        self._store(self.levels, remote, counts, unmask)
+        plan = self.plans[OWN]
         out = self._gradient(plan, retain=self.remote_backprop)
         if keep:
             self.reuse = plan.reusable()
@@ -372,15 +414,21 @@ class CrossClient(HorizontalClient):
 
     def _receive(self, layer: int, incoming: dict[str, dict[str, Tensor]]) -> None:
         for trainer, msg in incoming.items():
-            grad = trainer == self.name or self.remote_backprop
+            grad = trainer == OWN or self.remote_backprop
             plan = self.plans.setdefault(trainer, Plan(grad, self.degree["full"]))
             plan.incoming[layer] = (msg["u"], msg["pair"])
 
-    def _store(self, layer: int, remote: dict[str, Tensor], counts: dict[str, Tensor]) -> None:
+    def _store(self, layer: int, remote: dict[str, Tensor], counts: dict[str, Tensor],
+               unmask: dict[str, Tensor] | None = None) -> None:
         """Keep the cross-owner sums of level ``layer``: one count per target with remote picks, one
-        vector per target whose count is not zero (targets whose every pair was withheld get none)."""
+        vector per target whose count is not zero (targets whose every pair was withheld get none);
+        masked sums are unmasked and decoded first."""
         for trainer, rows in remote.items():
             plan, count = self.plans[trainer], counts[trainer]
+            if unmask is not None:
+                target, sender, rank = unmask.get(trainer, torch.zeros(3, 0, dtype=torch.long))  # none: no row
+                row = torch.cumsum(count > 0, 0) - 1  # a target's row among those sent a vector
+                rows = decode(plan.masking.unmask(rows, torch.stack([row[target], sender, rank]), layer)).float()
             plan.remote_rows[layer] = plan.remote_rows[layer][count > 0]
             if self.remote_backprop and layer > 1:
                 rows.requires_grad_(True)  # its gradient goes back to the owners (``backward``)
@@ -420,7 +468,8 @@ class CrossClientProtocol(Protocol):
     # The calls (and their kinds; None = all) whose traffic exists only because of cross-client
     # neighbours: sampled ids, partial sums, counts and remote gradients, never the model exchange.
     cross_traffic: dict[str, tuple[str, ...] | None] = {
-        "begin": ("index",), "route": None, "propagate": None, "finish": ("embedding", "index"), "backward": None}
+        "begin": ("index",), "route": None, "propagate": None, "finish": ("embedding", "index"), "backward": None,
+        "request_keys": None, "request_peers": None}
 
     def setup(self, data: Data) -> None:
         cfg = self.cfg
@@ -428,12 +477,9 @@ class CrossClientProtocol(Protocol):
         if len(self.opts.fanouts) != cfg.model.layers:
             raise ConfigError(f"protocol.fanouts has {len(self.opts.fanouts)} entries but model.layers is "
                               f"{cfg.model.layers}; give one fanout per layer")
+        self.build(data.num_features, int(data.num_classes))
         part = horizontal_from_config(data, cfg.partition, cfg.seed)
         self.partition_stats = part.stats
-        with torch.random.fork_rng():
-            torch.manual_seed(cfg.seed)
-            self.model = make_model(cfg.model, data.num_features, int(data.num_classes))
-        self.optimizer = self.server_optimizer()
         self.clients = self.transport.spawn(self.client_class, [
             dict(name=f"client{m}", seed=cfg.seed * 100_003 + m + 1, shard=shard, **self.client_options(data))
             for m, shard in enumerate(part.shards)
@@ -441,6 +487,18 @@ class CrossClientProtocol(Protocol):
         self.router = Router(part.owner, part.local_index, self.clients)
         self.levels = cfg.model.layers
         self.first_layer = dict.fromkeys(("pairs", "withheld_pairs", "picks", "withheld_picks"), 0)
+        privacy = cfg.privacy
+        if privacy.requested() and getattr(self.opts, "remote_backprop", False):
+            raise ConfigError(f"privacy.{privacy.requested()[0]} covers the partial sums sent forward; the gradients "
+                              f"remote_backprop sends back are neither masked nor noised: set "
+                              f"protocol.remote_backprop: false")
+        self.accountant = ReleaseAccountant(privacy.dp, part.owner.numel()) if privacy.dp is not None else None
+
+    def build(self, num_features: int, num_classes: int) -> None:
+        with torch.random.fork_rng():
+            torch.manual_seed(self.cfg.seed)
+            self.model = make_model(self.cfg.model, num_features, num_classes)
+        self.optimizer = self.server_optimizer()
 
     def server_optimizer(self) -> torch.optim.Optimizer:
         return make_optimizer(self.model.parameters(), self.cfg.train)
@@ -449,7 +507,8 @@ class CrossClientProtocol(Protocol):
         options = dict(model=self.cfg.model, train=self.cfg.train, num_features=data.num_features,
                        num_classes=int(data.num_classes), batch_size=self.opts.batch_size, fanouts=self.opts.fanouts)
         if isinstance(self.opts, CrossClientOptions):
-            options |= {"min_aggregate": self.opts.min_aggregate, "remote_backprop": self.opts.remote_backprop}
+            options |= {"min_aggregate": self.opts.min_aggregate, "remote_backprop": self.opts.remote_backprop,
+                        "privacy": self.cfg.privacy}
         return options
 
     # ---- one iteration ---------------------------------------------------------------------------
@@ -464,13 +523,17 @@ class CrossClientProtocol(Protocol):
         if trainers:
             crossed, remote_share = self.cross_chain(trainers, keep)
             results += crossed
-        return self.apply(results, remote_share)
+        stats = self.apply(results, remote_share)
+        return stats | ({"epsilon": self.accountant.epsilon()} if self.accountant is not None else {})
 
     def cross_chain(self, trainers: dict[str, dict[str, Tensor]], keep: bool
                     ) -> tuple[list[dict[str, Any]], dict[str, Tensor] | None]:
         """Algorithm 2 for all ``trainers`` at once (their first-hop picks given): sampling down the
         levels, one aggregation phase per layer, then each trainer's loss and gradient; with
-        ``remote_backprop``, also the remote owners' summed share of the gradients."""
+        ``remote_backprop``, also the remote owners' summed share of the gradients. Requests travel
+        under this round's handles; with secure aggregation the parties of each request agree on keys
+        after sampling and every partial sum travels masked for its recipient."""
+        handles = Handles(list(trainers))
         picks = {name: {name: reply} for name, reply in trainers.items()}
         active = list(trainers)
         routes: dict[int, dict[str, LayerRoute]] = {}
@@ -481,11 +544,13 @@ class CrossClientProtocol(Protocol):
             if level == 0:
                 break
             replies = self.transport.call_many(active, "route", per_target=[
-                {"incoming": requests[level + 1].get(c, {})} for c in active], level=level)
+                {"incoming": handles.to(c, requests[level + 1].get(c, {}))} for c in active], level=level)
             picks = {}
             for c, reply in zip(active, replies):
-                for trainer, p in reply.items():
+                for trainer, p in handles.back(c, reply).items():
                     picks.setdefault(trainer, {})[c] = p
+        peer_of = self.agree_request_keys(active, handles, requests[1]) if self.cfg.privacy.secure_aggregation else None
+        unmask: dict[str, dict] = {}
         remote: dict[str, dict] = {}
         counts: dict[str, dict] = {}
         sizes: dict[int, dict[str, dict]] = {}  # per layer: {owner: {trainer: row count per pair}}
@@ -493,27 +558,90 @@ class CrossClientProtocol(Protocol):
         for layer in range(1, self.levels + 1):
             # Owners serving pairs of this layer, and owners due the sums of the layer below.
             targets = [c for c in active if c in requests[layer] or c in remote]
-            replies = dict(zip(targets, self.transport.call_many(targets, "propagate", per_target=[
-                {"incoming": requests[1].get(c) if layer == 1 else None, "remote": remote.get(c),
-                 "counts": counts.get(c)} for c in targets], layer=layer)))
+            first = layer == 1 and peer_of is None  # with keys, the first layer's picks came with ``request_keys``
+            calls = [{"incoming": requests[1].get(c) if first else None, "remote": remote.get(c),
+                      "counts": counts.get(c)} for c in targets]
+            if peer_of is not None:
+                channels = {t: self.router.channels(route) for t, route in routes[layer].items()}
+                for c, call in zip(targets, calls):
+                    call["unmask"] = unmask.get(c) if c in remote else None
+                    call["mask_to"] = self.recipients(c, channels, peer_of) if c in requests[layer] else None
+            calls = [{key: None if v is None else handles.to(c, v) for key, v in call.items()}
+                     for c, call in zip(targets, calls)]
+            replies = self.transport.call_many(targets, "propagate", per_target=calls, layer=layer)
+            replies = {c: {key: handles.back(c, v) for key, v in r.items()} for c, r in zip(targets, replies)}
             if layer == 1:
                 self.count_withheld(requests[1], replies)
+            if self.accountant is not None:
+                self.record_releases(routes[layer], replies)
+            if peer_of is not None:
+                unmask = self.senders(routes[layer], channels, peer_of, replies)
             remote, counts = self.router.combine(routes[layer], replies)
             sizes[layer], down[layer] = {c: r["counts"] for c, r in replies.items()}, counts
         names = list(trainers)
+        finish = [{"remote": remote.get(c, {}), "counts": counts.get(c, {})}
+                  | ({"unmask": unmask.get(c, {})} if peer_of is not None else {}) for c in names]
         results = [r for r in self.transport.call_many(names, "finish", per_target=[
-            {"remote": remote.get(c, {}), "counts": counts.get(c, {})} for c in names], keep=keep) if "gradient" in r]
+            {key: handles.to(c, v) for key, v in call.items()} for c, call in zip(names, finish)], keep=keep)
+            if "gradient" in r]
         if not (getattr(self.opts, "remote_backprop", False) and self.levels > 1):
             return results, None
         grads: dict[str, dict] = {}
         for level in range(self.levels, 0, -1):
             replies = self.transport.call_many(active, "backward", per_target=[
-                {"grads": grads.get(c)} for c in active], level=level)
+                {"grads": handles.to(c, grads[c]) if c in grads else None} for c in active], level=level)
             if level > 1:
-                grads = self.router.scatter(routes[level], {c: r["sums"] for c, r in zip(active, replies)},
-                                            down[level], sizes[level])
+                sums = {c: handles.back(c, r["sums"]) for c, r in zip(active, replies)}
+                grads = self.router.scatter(routes[level], sums, down[level], sizes[level])
         shares = [r["gradient"] for r in replies if "gradient" in r]
         return results, {name: sum(s[name] for s in shares) for name in shares[0]} if shares else None
+
+    # ---- privacy: keys, masks and the release count of every request -----------------------------------
+    def agree_request_keys(self, active: list[str], handles: Handles, first: dict[str, dict]) -> dict[str, Tensor]:
+        """Every party, given its first-layer picks ``first``, makes a key pair per request it takes
+        part in (``request_keys``); the server relays each request's public keys to its parties as a
+        table in random order, without names (``request_peers``). Returns, per trainer, each client's
+        row in its request's table (-1: none)."""
+        published = {c: handles.back(c, keys) for c, keys in zip(active, self.transport.call_many(
+            active, "request_keys", per_target=[{"incoming": handles.to(c, first.get(c, {}))} for c in active]))}
+        tables, peer_of = {}, {}
+        for trainer in handles.handle:
+            members = [c for c in active if trainer in published[c]]
+            secrets.SystemRandom().shuffle(members)
+            tables[trainer] = torch.stack([published[c][trainer] for c in members])
+            peer_of[trainer] = torch.full((len(self.clients),), -1, dtype=torch.long)
+            peer_of[trainer][[self.router.index[c] for c in members]] = torch.arange(len(members))
+        self.transport.call_many(active, "request_peers", per_target=[
+            {"peers": handles.to(c, {t: tables[t] for t in published[c]})} for c in active])
+        return peer_of
+
+    def recipients(self, owner: str, channels: dict[str, tuple], peer_of: dict[str, Tensor]) -> dict[str, Tensor]:
+        """For each request ``owner`` serves pairs of: the table row of every pair's recipient."""
+        me = self.router.index[owner]
+        return {t: peer_of[t][recipient[sender == me]] for t, (sender, recipient, _, _) in channels.items()
+                if bool((sender == me).any())}
+
+    def senders(self, routes: dict[str, LayerRoute], channels: dict[str, tuple], peer_of: dict[str, Tensor],
+                replies: dict[str, dict]) -> dict[str, dict[str, Tensor]]:
+        """For each recipient and request: (target row, sender's table row, rank in the sender's stream)
+        of every vector sent towards it (withheld pairs sent none)."""
+        out: dict[str, dict[str, Tensor]] = {}
+        for t, (sender, recipient, row, rank) in channels.items():
+            sent = self.released(routes[t], t, replies)
+            for c in recipient[sent].unique().tolist():
+                mine = sent & (recipient == c)
+                out.setdefault(self.clients[c], {})[t] = torch.stack([row[mine], peer_of[t][sender[mine]], rank[mine]])
+        return out
+
+    def released(self, route: LayerRoute, trainer: str, replies: dict[str, dict]) -> Tensor:
+        """Which pairs of ``route`` (in pair order) were sent with a vector (count not zero)."""
+        owners = [self.clients[c] for c in route.pair_counts.nonzero().flatten().tolist()]
+        return torch.cat([replies[c]["counts"][trainer] for c in owners]) > 0
+
+    def record_releases(self, routes: dict[str, LayerRoute], replies: dict[str, dict]) -> None:
+        """DP: one release for every node whose row is in a noised sum that was sent."""
+        for trainer, route in routes.items():
+            self.accountant.record(route.pick_ids[self.released(route, trainer, replies)[route.pick_pair]])
 
     def count_withheld(self, requests: dict[str, dict], replies: dict[str, dict]) -> None:
         """First-layer pairs (and the picks in them) that their owner withheld (count 0)."""
@@ -552,19 +680,23 @@ class CrossClientProtocol(Protocol):
             if kinds is None or row["kind"] in kinds:
                 per_round[row["round"]] = per_round.get(row["round"], 0) + row["bytes"]
         first = self.first_layer
+        dp = {} if self.accountant is None else {"epsilon": self.accountant.epsilon(), "delta": self.accountant.delta}
         return {
             "bytes_cross_client": sum(per_round.values()),
             "cross_client_iterations": sum(1 for b in per_round.values() if b),
             "withheld_pair_fraction": first["withheld_pairs"] / first["pairs"] if first["pairs"] else None,
             "withheld_pick_fraction": first["withheld_picks"] / first["picks"] if first["picks"] else None,
-        }
+        } | dp
 
     def state_dict(self) -> dict[str, Any]:
+        dp = {"dp_releases": self.accountant.releases.clone()} if self.accountant is not None else {}
         return super().state_dict() | {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                                       "first_layer": dict(self.first_layer)}
+                                       "first_layer": dict(self.first_layer)} | dp
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.first_layer = dict(state["first_layer"])
+        if self.accountant is not None:
+            self.accountant.releases = state["dp_releases"].clone()

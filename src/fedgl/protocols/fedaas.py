@@ -19,6 +19,12 @@ A sync step is three phases (L = 2): ``request`` (picks and one query scalar per
 the trainer's backward pass (ARCHITECTURE.md, "Gradients through remote embeddings are stopped").
 The GraphFed and FedGraph reconstructions are presets whose own pieces live in ``similarity.py`` and
 ``fanout_policy.py``.
+
+Optional rules: ``phi`` (the paper's ratio rule in place of fan-outs; the server, the one party that
+knows every node's owner, draws each owner's share of a target's remote candidates), ``tau0: grid``
+(τ_0 from one trial round per candidate on restored copies of every party and the server) and, with
+``privacy.secure_aggregation``, masked uploads of which the server decodes only the sum (FedAvg's
+``private_reply``).
 """
 
 from __future__ import annotations
@@ -42,9 +48,12 @@ from ..models import as_model_input
 from ..models.split_attention import NEGATIVE_SLOPE, Partial, SplitAttentionNet, merge_into
 from ..optim import make_optimizer
 from ..partition import horizontal_from_config
+from ..privacy import PrivacyConfig
+from ..privacy.secure_aggregation import MaskedParty, MaskingClient, decode, exchange_keys, ring_sum
 from ..sampling import CSR, sample_neighbors, sample_weighted
 from .base import Protocol, ProtocolOptions
-from .fedavg import weighted_average
+from .fedavg import private_reply, weighted_average
+from .fedavg_group import flat_state, state_from_row
 from .fanout_policy import FanoutPolicy
 from .horizontal_client import FEATURE_DENSITY, HorizontalClient
 from .routing import Router
@@ -65,11 +74,16 @@ class FedAASOptions(ProtocolOptions):
         "false (attention only): GAT's self loop inside the softmax"))
     sampling: Literal["attention", "uniform", "all"] = "attention"
     fanouts: list[int] = Field([10, 10], description="picks per node per layer, local and remote jointly; -1 all")
+    phi: float | None = Field(None, gt=0, le=1, description=(
+        "the paper's ratio rule instead of fanouts: per target max(floor(phi |N(v) in V_k|), 1) local picks and, "
+        "per remote owner q, max(floor(phi |N(v) in V_q|), 1) picks, which the server draws (it knows the owners)"))
     local_fanouts: list[int] | None = Field(None, description="with cross_fanouts: separate local/remote picks")
     cross_fanouts: list[int] | None = None
     interval: int | Literal["adaptive", "never"] = "adaptive"
     interval_rule: Literal["paper", "code"] = "paper"
-    tau0: int = Field(10, ge=1)
+    tau0: int | Literal["grid"] = Field(10, description=(
+        "the first interval; grid: each of 1, 2, 5, 10 tried for one round from the same state, the one whose "
+        "server loss falls fastest per simulated second kept (its cost charged to round 0)"))
     tau_min: int = Field(2, ge=1)
     interval_loss: Literal["server", "train"] = Field("server", description=(
         "server: the global model's loss on the held-out test nodes (paper); train: clients' training loss"))
@@ -103,6 +117,13 @@ class FedAASOptions(ProtocolOptions):
             raise ValueError("interval must be >= 1, 'adaptive' or 'never'")
         return value
 
+    @field_validator("tau0")
+    @classmethod
+    def _tau0(cls, value):
+        if isinstance(value, int) and value < 1:
+            raise ValueError("tau0 must be >= 1 or 'grid'")
+        return value
+
     @field_validator("widths", "fanouts", "local_fanouts", "cross_fanouts")
     @classmethod
     def _counts(cls, value):
@@ -126,7 +147,14 @@ class FedAASOptions(ProtocolOptions):
         if self.fanout_policy == "learned" and (self.sampling == "all" or self.local_fanouts is not None):
             raise ValueError("fanout_policy 'learned' picks one fan-out per step: use sampling 'uniform' or "
                              "'attention' without local_fanouts/cross_fanouts")
-        if self.tau_min > self.tau0:
+        if self.phi is not None and (self.sampling == "all" or self.local_fanouts is not None
+                                     or self.fanout_policy == "learned"):
+            raise ValueError("phi sets every pick count itself: use sampling 'uniform' or 'attention', without "
+                             "local_fanouts/cross_fanouts or fanout_policy 'learned'")
+        if self.tau0 == "grid" and (self.interval != "adaptive" or self.interval_loss != "server"):
+            raise ValueError("tau0 'grid' ranks intervals by the server's loss: it needs interval 'adaptive' and "
+                             "interval_loss 'server'")
+        if isinstance(self.tau0, int) and self.tau_min > self.tau0:
             raise ValueError(f"tau_min ({self.tau_min}) exceeds tau0 ({self.tau0})")
         return self
 
@@ -144,6 +172,28 @@ def next_interval(rule: str, losses: list[float], tau: int, tau0: int, tau_min: 
     return max(tau_min, min(tau - 1, int(ratio * tau0)))
 
 
+GRID = (1, 2, 5, 10)  # the τ_0 candidates of ``tau0: grid`` (spec A7)
+
+
+def ratio_picks(segment: Tensor, phi: float, generator: torch.Generator, logits: Tensor | None = None) -> Tensor:
+    """Which candidates are picked: in every segment (candidates sharing a ``segment`` id) of c of them,
+    max(⌊φ c⌋, 1) drawn without replacement with probabilities ∝ exp(logit) (uniform without logits):
+    the smallest Exp(1) / exp(logit) keys of each segment (Efraimidis-Spirakis), one sort for all."""
+    if segment.numel() == 0:
+        return torch.zeros(0, dtype=torch.bool)
+    _, seg, counts = torch.unique(segment, return_inverse=True, return_counts=True)
+    quota = torch.floor(phi * counts.double() + 1e-9).long().clamp(min=1)  # 1e-9: φ c exact despite rounding
+    keys = torch.empty(segment.numel(), dtype=torch.float64).exponential_(generator=generator).log()
+    if logits is not None:
+        keys = keys - logits.double()
+    order = torch.argsort(keys)
+    order = order[torch.argsort(seg[order], stable=True)]
+    rank = torch.arange(order.numel()) - (torch.cumsum(counts, 0) - counts)[seg[order]]
+    keep = torch.zeros(segment.numel(), dtype=torch.bool)
+    keep[order[rank < quota[seg[order]]]] = True
+    return keep
+
+
 # ---- the client ----------------------------------------------------------------------------------
 @dataclass
 class Step:
@@ -154,6 +204,7 @@ class Step:
     edges: list[tuple[Tensor, Tensor]]
     rows: list[Tensor]  # per layer, the own nodes whose output is needed
     picks: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)
+    logits: dict[int, Tensor] = field(default_factory=dict)  # with phi: e_vw of each remote candidate in picks
     remote: dict[int, tuple[Tensor, Partial]] = field(default_factory=dict)
     hs: list[Tensor] = field(default_factory=list)
 
@@ -162,12 +213,13 @@ def _rows(csr: CSR) -> Tensor:
     return torch.repeat_interleave(torch.arange(csr.num_nodes), csr.degree())
 
 
-class FedAASClient(HorizontalClient):
+class FedAASClient(MaskedParty, HorizontalClient):
     """A FedAAS client: trains on its shard, keeps the history store, serves partials to others."""
 
     def __init__(self, name: str, seed: int, shard: Any, train: TrainConfig, num_features: int, num_classes: int,
-                 opts: dict[str, Any]):
+                 opts: dict[str, Any], index: int = 0, secure_aggregation: bool = False):
         super().__init__(name, seed, shard, PLACEHOLDER, num_features, num_classes)
+        self.masker = MaskingClient.create(index) if secure_aggregation else None
         self.opts = FedAASOptions.model_validate(opts)
         self.train_cfg = train
         self.model = SplitAttentionNet(num_features, self.opts.widths, num_classes, self.opts.aggregate,
@@ -214,8 +266,14 @@ class FedAASClient(HorizontalClient):
         return h
 
     def _weights(self, layer: int, csr: CSR, need: Tensor) -> Tensor:
-        """Eq. 10's p_vw up to each row's normaliser, aligned with ``csr.col`` (valid on rows ``need``):
-        scores of own nodes from their current embeddings, of remote ones from the stored keys."""
+        """Eq. 10's p_vw up to each row's normaliser, aligned with ``csr.col`` (valid on rows ``need``)."""
+        e = self._logits(layer, csr, need)
+        top = torch.full((csr.num_nodes,), float("-inf")).scatter_reduce(0, _rows(csr), e, "amax")
+        return torch.exp(e - top[_rows(csr)])
+
+    def _logits(self, layer: int, csr: CSR, need: Tensor) -> Tensor:
+        """Eq. 9's e_vw aligned with ``csr.col`` (valid on rows ``need``): scores of own nodes from their
+        current embeddings, of remote ones from the stored keys."""
         if layer == 0:
             h = self.features
         else:
@@ -224,10 +282,7 @@ class FedAASClient(HorizontalClient):
         query, key = self.model.query_key(layer, h)
         if layer > 0:
             key = torch.cat([key, self.keys[layer]])
-        rows = _rows(csr)
-        e = F.leaky_relu(query[rows] + key[csr.col], NEGATIVE_SLOPE)
-        top = torch.full((csr.num_nodes,), float("-inf")).scatter_reduce(0, rows, e, "amax")
-        return torch.exp(e - top[rows])
+        return F.leaky_relu(query[_rows(csr)] + key[csr.col], NEGATIVE_SLOPE)
 
     def _hop(self, csr: CSR, need: Tensor, fanout: int, layer: int | None = None) -> tuple[Tensor, Tensor]:
         """(target own id, column) of up to ``fanout`` picks per node of ``need`` (-1: all), weighted
@@ -240,6 +295,22 @@ class FedAASClient(HorizontalClient):
             sub = sample_weighted(csr, need, [fanout], self._weights(layer, csr, need), self.generator)
         src, dst = sub.blocks[0].edge_index
         return need[dst], sub.n_id[src]
+
+    def _ratio(self, need: Tensor, layer: int, exchange: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+        """The phi rule at the client: (target own id, column) of max(⌊φ |N(v) ∩ V_k|⌋, 1) local picks
+        per node of ``need`` and, when ``exchange``, of every remote candidate, followed by the remote
+        candidates' logits (attention) for the server, which draws the per-owner counts."""
+        csr = self.full_csr if exchange else self.local_csr
+        start = csr.rowptr[need]
+        counts = csr.rowptr[need + 1] - start
+        seg = torch.repeat_interleave(torch.arange(need.numel()), counts)
+        pos = torch.arange(seg.numel()) + torch.repeat_interleave(start - (torch.cumsum(counts, 0) - counts), counts)
+        col = csr.col[pos]
+        logits = self._logits(layer, csr, need)[pos] if self.opts.sampling == "attention" and pos.numel() else None
+        local = col < self.n
+        keep = ratio_picks(seg[local], self.opts.phi, self.generator, None if logits is None else logits[local])
+        picked = torch.cat([local.nonzero().flatten()[keep], (~local).nonzero().flatten()])
+        return need[seg[picked]], col[picked], None if logits is None else logits[~local]
 
     def _sample(self, batch: Tensor, exchange: bool) -> Step:
         """Top-down: the batch's neighbourhood, layer L to 1; remote picks kept only at a sync."""
@@ -254,7 +325,12 @@ class FedAASClient(HorizontalClient):
         for layer in reversed(range(layers)):
             weighted = layer if o.sampling == "attention" else None
             local_fanout = o.local_fanouts[layer] if split else fanouts[layer]
-            if layer == 0 or not crossing:
+            if o.phi is not None:  # at a sync, every remote candidate: the server draws from them per owner
+                dst, col, logits = self._ratio(need, layer, exchange and layer > 0)
+                parts = [(dst, col)]
+                if logits is not None:
+                    step.logits[layer] = logits
+            elif layer == 0 or not crossing:
                 parts = [self._hop(self.local_csr, need, local_fanout, weighted)]
             elif split:
                 parts = [self._hop(self.local_csr, need, local_fanout, weighted),
@@ -349,7 +425,8 @@ class FedAASClient(HorizontalClient):
             self._complete(step)
         return {}
 
-    @rpc(remote="embedding", counts="index", returns={"targets": "index", "ids": "index", "query": "embedding"})
+    @rpc(remote="embedding", counts="index",
+         returns={"targets": "index", "ids": "index", "query": "embedding", "logits": "embedding"})
     def request(self, layer: int, remote: dict[str, Tensor] | None = None, counts: Tensor | None = None) -> dict:
         """A sync step up to layer ``layer``: its remote picks (target, global id) and each target's
         query a_dst·W h_v; the partials of the layer below arrive with this call."""
@@ -364,7 +441,10 @@ class FedAASClient(HorizontalClient):
         if targets.numel() == 0:
             return {}
         query, _ = self.model.query_key(layer, self.step.hs[layer][torch.unique(targets)].detach())
-        return {"targets": targets, "ids": self.remote_ids[cols - self.n], "query": query.detach()}
+        out = {"targets": targets, "ids": self.remote_ids[cols - self.n], "query": query.detach()}
+        if layer in self.step.logits:  # phi: the server draws each owner's share of the candidates
+            out["logits"] = self.step.logits[layer].detach()
+        return out
 
     @rpc(incoming="index", query="embedding",
          returns={"num": "embedding", "den": "embedding", "shift": "embedding", "keys": "embedding", "count": "index",
@@ -406,10 +486,21 @@ class FedAASClient(HorizontalClient):
         self.step = None
         return {"loss": loss}
 
-    @rpc(returns={"state": "model", "num_train": "control", "loss": "control"})
-    def upload(self) -> dict[str, Any]:
+    @rpc(participants="index", returns={"state": "model", "num_train": "control", "loss": "control", "masked": "model"})
+    def upload(self, participants: Tensor | None = None, round_index: int = 0) -> dict[str, Any]:
+        """The trained model; under secure aggregation only ``[w θ, w, w loss]`` masked (fedavg's
+        ``private_reply``), w the client's averaging weight (0 without training nodes)."""
+        num_train = int(self.train_idx.numel())
         loss = sum(self.losses) / len(self.losses) if self.losses else math.nan
-        return {"state": self.model.state_dict(), "num_train": int(self.train_idx.numel()), "loss": loss}
+        if self.masker is None:
+            return {"state": self.model.state_dict(), "num_train": num_train, "loss": loss}
+        weight = (num_train if self.opts.weighting == "nodes" else 1) if num_train else 0
+        row = flat_state(self.model.state_dict()).unsqueeze(0)
+        # FedAAS offers no DP, so the update's starting point (the second argument) plays no part.
+        reply = private_reply(row, row, torch.tensor([weight]), torch.tensor([loss if weight else 0.0],
+                              dtype=torch.float64), PrivacyConfig(secure_aggregation=True), [None], [self.masker],
+                              participants, round_index)
+        return {"masked": reply["masked"][0]}
 
 
 # ---- the server ----------------------------------------------------------------------------------
@@ -418,16 +509,30 @@ class FedAAS(Protocol):
     scenario = "horizontal"
     Options = FedAASOptions
 
+    def build(self, num_features: int, num_classes: int) -> None:
+        o = self.opts
+        self.model = SplitAttentionNet(num_features, o.widths, num_classes, o.aggregate, o.root)
+        if o.personalize == "similarity":
+            self.scratch = copy.deepcopy(self.model)  # GraphFed: scores uploaded models on the probe graph
+
     def setup(self, data: Data) -> None:
         o = self.opts
+        num_classes = int(data.num_classes)
+        self.build(data.num_features, num_classes)
         part = horizontal_from_config(data, self.cfg.partition, self.cfg.seed)
         self.partition_stats = part.stats
-        num_classes = int(data.num_classes)
-        self.model = SplitAttentionNet(data.num_features, o.widths, num_classes, o.aggregate, o.root)
+        self.secure = self.cfg.privacy.secure_aggregation
+        if self.secure and o.personalize == "similarity":
+            raise ConfigError(f"{self.name}: privacy.secure_aggregation hides each client's model from the server, "
+                              f"which personalize 'similarity' needs; use personalize 'none'")
+        if self.secure and self.sample_size(len(part.shards)) < 2:
+            raise ConfigError(f"{self.name}: privacy.secure_aggregation needs at least 2 clients per round, got "
+                              f"{self.sample_size(len(part.shards))} (partition.num_clients x protocol.client_fraction)")
         options = o.model_dump()
         self.clients = self.transport.spawn(FedAASClient, [
             dict(name=f"client{m}", seed=self.cfg.seed * 100_003 + m + 1, shard=shard, train=self.cfg.train,
-                 num_features=data.num_features, num_classes=num_classes, opts=options)
+                 num_features=data.num_features, num_classes=num_classes, opts=options, index=m,
+                 secure_aggregation=self.secure)
             for m, shard in enumerate(part.shards)])
         self.router = Router(part.owner, part.local_index, self.clients)
         self.held_out = getattr(part, "server_shard", None)
@@ -438,14 +543,20 @@ class FedAAS(Protocol):
             self.held_out_x = as_model_input(self.held_out.x.float(), FEATURE_DENSITY)
             mask = self.held_out.test_mask
             self.held_out_rows = mask.nonzero().flatten() if bool(mask.any()) else torch.arange(mask.numel())
-        self.tau: int | None = o.tau0 if o.interval == "adaptive" else (None if o.interval == "never" else o.interval)
+        self.tau0: int | None = o.tau0 if isinstance(o.tau0, int) else None  # None: the grid sets it
+        self.grid: dict[int, dict[str, float]] = {}
+        fixed = None if o.interval == "never" else o.interval
+        self.tau: int | None = self.tau0 if o.interval == "adaptive" else fixed
         # GraphFed (reconstruction): each client's next model, mixed by model similarity.
         self.personal: dict[str, dict[str, Tensor]] = {}
         if o.personalize == "similarity":
             self.averager = SimilarityAverager(data.num_features, o.similarity_temperature, self.generator)
-            self.scratch = copy.deepcopy(self.model)
         self.losses: list[float] = []
         self.taus: list[int | None] = []
+
+    def start(self) -> None:
+        if self.secure:
+            exchange_keys(self.transport, self.clients)
 
     # ---- the interval ---------------------------------------------------------------------------
     def server_loss(self) -> float:
@@ -455,8 +566,38 @@ class FedAAS(Protocol):
             logits = self.model(self.held_out_x, self.held_out.edge_index)
             return float(F.cross_entropy(logits[self.held_out_rows], self.held_out.y[self.held_out_rows]))
 
+    def search_tau0(self) -> None:
+        """``tau0: grid`` (spec A7): every τ of ``GRID`` trains one round from the same state, on copies
+        (the parties' kept where they live by ``transport.hold``, the server's by its ``state_dict``, the
+        torch RNG);
+        τ_0 is the one whose server loss falls fastest per simulated second, i.e. with the lowest
+        (F_τ - F_0) / seconds. The trials' messages and time count in round 0; afterwards every party
+        and the server are back in the state the search started from."""
+        transport = self.transport
+        current = transport.ledger.round
+        transport.set_round(0)
+        transport.hold()  # every party keeps a copy of its state where it lives
+        server, rng = copy.deepcopy(self.state_dict()), torch.get_rng_state()
+        grid = {}
+        for i, tau in enumerate(GRID):
+            began = transport.clock.now
+            self.run_round(tau, -1 - i)  # masks of its own: no training round uses a negative index
+            seconds = transport.clock.now - began
+            loss = self.server_loss()
+            grid[tau] = {"loss": loss, "seconds": seconds, "rate": (loss - self.losses[0]) / seconds}
+            transport.roll_back()
+            self.load_state_dict(copy.deepcopy(server))
+            torch.set_rng_state(rng)
+            transport.idle()
+        transport.set_round(current)
+        self.grid = grid
+        self.tau0 = self.tau = min(GRID, key=lambda t: grid[t]["rate"])
+
+    def sample_size(self, num_clients: int) -> int:
+        return max(1, round(self.opts.client_fraction * num_clients))
+
     def sample_clients(self) -> list[str]:
-        k = max(1, round(self.opts.client_fraction * len(self.clients)))
+        k = self.sample_size(len(self.clients))
         if k == len(self.clients):
             return list(self.clients)
         chosen = torch.randperm(len(self.clients), generator=self.generator)[:k].sort().values
@@ -468,7 +609,26 @@ class FedAAS(Protocol):
         server_loss = o.interval == "adaptive" and o.interval_loss == "server"
         if server_loss and not self.losses:
             self.losses.append(self.server_loss())  # F_0: the initial model
+        if self.tau0 is None:
+            self.search_tau0()
         tau = self.tau if self.model.num_layers > 1 else None
+        loss, syncs = self.run_round(tau, round_index)
+        if loss is None:
+            return {"train_loss": math.nan}
+        if o.interval == "adaptive":
+            self.losses.append(self.server_loss() if server_loss else loss)
+            self.tau = next_interval(o.interval_rule, self.losses, self.tau, self.tau0, min(o.tau_min, self.tau0))
+        self.taus.append(tau)
+        ledger = self.transport.ledger
+        return {"train_loss": loss, "tau": float(tau) if tau is not None else math.nan, "syncs": float(syncs),
+                "bytes_embedding": float(ledger.total(methods=EXCHANGE, kinds=("embedding", "index"))),
+                **({"interval_loss": self.losses[-1]} if o.interval == "adaptive" else {})}
+
+    def run_round(self, tau: int | None, mask_round: int) -> tuple[float | None, int]:
+        """The chosen clients' local steps at interval ``tau`` (None: no sync) and the model average
+        (``mask_round`` keys the secure-aggregation masks); returns the weighted training loss (None
+        when no chosen client trained) and the number of sync steps."""
+        o = self.opts
         steps = o.local_epochs * o.batches
         syncs = {j for j in range(steps) if tau is not None and j % tau == 0}
         chosen = self.sample_clients()
@@ -486,24 +646,32 @@ class FedAAS(Protocol):
                 run = next((k for k in range(j, steps) if k in syncs), steps) - j
                 self.transport.call_many(chosen, "local", steps=run)
                 j += run
+        return self.average(chosen, state, mask_round), len(syncs)
+
+    def average(self, chosen: list[str], state: dict[str, Tensor], mask_round: int) -> float | None:
+        """FedAvg of the chosen clients' models into θ_{t+1}: weighted in the clear, or decoded from the
+        masked sum under secure aggregation (the server then sees no client's model, count or loss);
+        returns the weighted training loss, None when no chosen client trained."""
+        o = self.opts
+        if self.secure:
+            everyone = len(chosen) == len(self.clients)
+            ids = None if everyone else torch.tensor([self.router.index[c] for c in chosen])
+            uploads = self.transport.call_many(chosen, "upload", participants=ids, round_index=mask_round)
+            total = decode(ring_sum(torch.stack([r["masked"] for r in uploads])))  # [Σ w θ, Σ w, Σ w loss]
+            if total[-2] <= 0:
+                return None
+            self.model.load_state_dict(state_from_row(total[:-2] / total[-2], state))
+            return float(total[-1] / total[-2])
         uploads = self.transport.call_many(chosen, "upload")
         trained = [r for r in uploads if r["num_train"] > 0]
         if not trained:
-            return {"train_loss": math.nan}
+            return None
         weights = torch.tensor([float(r["num_train"]) if o.weighting == "nodes" else 1.0 for r in trained])
         self.model.load_state_dict(weighted_average([r["state"] for r in trained], weights))
         if o.personalize == "similarity":
             self.personalize([c for c, r in zip(chosen, uploads) if r["num_train"] > 0],
                              [r["state"] for r in trained], weights)
-        loss = float(sum(w * r["loss"] for w, r in zip((weights / weights.sum()).tolist(), trained)))
-        if o.interval == "adaptive":
-            self.losses.append(self.server_loss() if server_loss else loss)
-            self.tau = next_interval(o.interval_rule, self.losses, self.tau, o.tau0, o.tau_min)
-        self.taus.append(tau)
-        ledger = self.transport.ledger
-        return {"train_loss": loss, "tau": float(tau) if tau is not None else math.nan, "syncs": float(len(syncs)),
-                "bytes_embedding": float(ledger.total(methods=EXCHANGE, kinds=("embedding", "index"))),
-                **({"interval_loss": self.losses[-1]} if o.interval == "adaptive" else {})}
+        return float(sum(w * r["loss"] for w, r in zip((weights / weights.sum()).tolist(), trained)))
 
     def personalize(self, names: list[str], states: list[dict[str, Tensor]], sizes: Tensor) -> None:
         """GraphFed (reconstruction): each uploading client's next model is the uploads' average
@@ -521,7 +689,10 @@ class FedAAS(Protocol):
                 {"remote": remote.get(c, {}).get("remote"), "counts": remote.get(c, {}).get("counts")}
                 for c in chosen], layer=layer)
             picks = {c: r for c, r in zip(chosen, replies) if r}
-            requests, routes = self.router.route({c: {c: p} for c, p in picks.items()})
+            drawn = {c: self.draw(r) for c, r in picks.items()} if self.opts.phi is not None else {}
+            routed = {c: {key: r[key][drawn[c]] if c in drawn else r[key] for key in ("targets", "ids")}
+                      for c, r in picks.items()}
+            requests, routes = self.router.route({c: {c: p} for c, p in routed.items()})
             owners = [c for c in self.clients if c in requests]
             queries: dict[str, dict[str, Tensor]] = {}
             for trainer, route in routes.items():
@@ -531,14 +702,23 @@ class FedAAS(Protocol):
                     queries.setdefault(self.clients[c], {})[trainer] = picks[trainer]["query"][span]
             served = dict(zip(owners, self.transport.call_many(owners, "serve", per_target=[
                 {"incoming": requests[c], "query": queries[c]} for c in owners], layer=layer)))
-            remote = {trainer: self.combine(route, served, picks[trainer]["ids"], trainer)
+            remote = {trainer: self.combine(route, served, routed[trainer]["ids"], trainer, drawn.get(trainer))
                       for trainer, route in routes.items()}
         self.transport.call_many(chosen, "finish", per_target=[
             {"remote": remote.get(c, {}).get("remote"), "counts": remote.get(c, {}).get("counts")} for c in chosen])
 
-    def combine(self, route, served: dict[str, dict], ids: Tensor, trainer: str) -> dict[str, Any]:
+    def draw(self, reply: dict[str, Tensor]) -> Tensor:
+        """The phi rule's remote half, at the server, the one party that knows every node's owner: of a
+        target's n remote candidates at owner q, max(⌊φ n⌋, 1), weighted by the trainer's logits
+        (attention) or uniform. Returns which of the trainer's candidates are picked."""
+        segment = reply["targets"] * len(self.clients) + self.router.owner[reply["ids"]]
+        return ratio_picks(segment, self.opts.phi, self.generator, reply.get("logits"))
+
+    def combine(self, route, served: dict[str, dict], ids: Tensor, trainer: str,
+                drawn: Tensor | None = None) -> dict[str, Any]:
         """Merge one trainer's pair partials per target (log-sum-exp, or sums in mean mode) and put
-        the owners' keys back in the order of the trainer's picks."""
+        the owners' keys back in the order of the trainer's picks (of its candidates when the server
+        ``drawn`` the picks, NaN for those not picked)."""
         owners = [self.clients[c] for c in route.pair_counts.nonzero().flatten().tolist()]
         mean = self.opts.aggregate == "mean"
         num = torch.cat([served[c]["num"][trainer] for c in owners])
@@ -565,31 +745,35 @@ class FedAAS(Protocol):
             keys = torch.empty(ids.numel())
             for c in owners:
                 keys[owner_of == self.router.index[c]] = served[c]["keys"][trainer]
+            if drawn is not None:
+                keys = torch.full((drawn.numel(),), float("nan")).index_put((drawn,), keys)
             out["remote"]["keys"] = keys
         return out
 
     # ---- results, evaluation, checkpoints --------------------------------------------------------
     def summary(self) -> dict[str, Any]:
-        """Embedding bytes (the paper's communication cost) apart from model bytes, and τ per round."""
+        """Embedding bytes (the paper's communication cost) apart from model bytes, τ per round and, with
+        ``tau0: grid``, what the grid measured per τ."""
         ledger = self.transport.ledger
         sent = sum(row["bytes"] for row in ledger.rows() if row["src"] != "server" and (
             row["kind"] == "model" or (row["method"] in EXCHANGE and row["kind"] in ("embedding", "index"))))
         return {"bytes_embedding": ledger.total(methods=EXCHANGE, kinds=("embedding", "index")),
                 "bytes_model": ledger.total(kinds=("model",)), "bytes_code_convention": sent,
-                "tau_by_round": self.taus}
+                "tau_by_round": self.taus, **({"tau0": self.tau0, "tau0_grid": self.grid} if self.grid else {})}
 
     def predict(self, evaluator: Evaluator) -> Tensor:
         return evaluator.edge_logits(self.model)
 
     def state_dict(self) -> dict[str, Any]:
-        return super().state_dict() | {"model": self.model.state_dict(), "tau": self.tau,
-                                       "losses": list(self.losses), "taus": list(self.taus),
+        return super().state_dict() | {"model": self.model.state_dict(), "tau": self.tau, "tau0": self.tau0,
+                                       "grid": dict(self.grid), "losses": list(self.losses), "taus": list(self.taus),
                                        "personal": dict(self.personal)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.model.load_state_dict(state["model"])
-        self.tau, self.losses, self.taus = state["tau"], state["losses"], state["taus"]
+        self.tau, self.tau0, self.grid = state["tau"], state["tau0"], dict(state["grid"])
+        self.losses, self.taus = state["losses"], state["taus"]
         self.personal = dict(state["personal"])
 
 

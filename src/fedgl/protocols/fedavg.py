@@ -163,9 +163,12 @@ class FedAvg(Protocol):
         self.privacy = cfg.privacy
         self.accountant = Accountant(cfg.privacy.dp) if cfg.privacy.dp is not None else None
 
+    def build(self, num_features: int, num_classes: int) -> None:
+        self.model = make_model(self.cfg.model, num_features, num_classes)
+
     def setup(self, data: Data) -> None:
+        self.build(data.num_features, int(data.num_classes))
         self.partition_stats = (part := horizontal_from_config(data, self.cfg.partition, self.cfg.seed)).stats
-        self.model = make_model(self.cfg.model, data.num_features, int(data.num_classes))
         self.num_clients = len(part.shards)
         clients = [
             dict(name=f"client{m}", seed=self.cfg.seed * 100_003 + m + 1, shard=shard, model=self.cfg.model,
@@ -186,6 +189,8 @@ class FedAvg(Protocol):
                      local_epochs=self.opts.local_epochs, privacy=self.privacy)
                 for g, members in enumerate(clients[i : i + size] for i in range(0, len(clients), size))
             ])
+
+    def start(self) -> None:
         if self.privacy.secure_aggregation:
             exchange_keys(self.transport, self.clients)
 

@@ -441,7 +441,9 @@ class Glasu(Protocol):
             self.heads = [self.clients[self.holder]]
         else:
             self.heads = self.clients[:1] if self.alone else self.clients
-        if cfg.privacy.secure_aggregation and not self.alone:
+
+    def start(self) -> None:
+        if self.cfg.privacy.secure_aggregation and not self.alone:
             exchange_keys(self.transport, self.clients)
 
     def _aggregate(self, outs: list[Tensor]) -> Tensor:

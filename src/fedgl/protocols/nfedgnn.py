@@ -128,17 +128,20 @@ class NFedGNN(Protocol):
     Users: type[UserPopulation] = UserPopulation
 
     # ---- setup --------------------------------------------------------------------------------------
-    def setup(self, data: Data) -> None:
+    def build(self, num_features: int, num_classes: int) -> None:
         m = self.cfg.model
+        self.shape: SplitShape = split_shape(m.name, m.hidden, num_classes, m.layers, m.dropout, m.options)
+        self.server = build_server_model(self.shape)
+        self.server_optimizer = make_optimizer(self.server.parameters(), self.cfg.train)
+
+    def setup(self, data: Data) -> None:
         part = partition_node_level(data)
         self.partition_stats = part.stats
-        self.shape: SplitShape = split_shape(m.name, m.hidden, part.num_classes, m.layers, m.dropout, m.options)
+        self.build(int(part.user_x.shape[1]), part.num_classes)
         self.num_users, self.num_features = part.user_x.shape
         self.train_idx = part.train_mask.nonzero().squeeze(1)
         self.y_train = part.y_train[self.train_idx]
         self.graph = prepare_server_graph(part.edge_index, part.num_nodes)
-        self.server = build_server_model(self.shape)
-        self.server_optimizer = make_optimizer(self.server.parameters(), self.cfg.train)
         self.latents = torch.zeros(part.num_nodes, self.shape.latent_dim)  # the latest latent of each user
         self.last_stats: dict[str, float] = {}
         self.users = self.transport.spawn(self.Users, [dict(

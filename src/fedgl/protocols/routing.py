@@ -4,11 +4,17 @@ The server knows which client owns each node and the node's local index there, n
 turns a training client's remote picks (target position, global id) into requests to the picks'
 owners, grouped into (target, owner) pairs, and adds the owners' partial sums of each target back
 together before they return to the target's owner.
+
+Requests travel under opaque names (``Handles``): a message to a client calls the client's own
+request ``OWN`` and every other one by a handle drawn at random for the round, so an owner serving
+picks never learns which client trains.
 """
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -21,6 +27,27 @@ class LayerRoute:
     pair_counts: Tensor  # pairs served by each owner (owner order = pair order)
     target_of_pair: Tensor  # target row of every pair
     target_counts: Tensor  # target rows held by each owner
+    pick_ids: Tensor  # global id of every pick
+    pick_pair: Tensor  # pair of every pick
+
+
+OWN = "own"  # the name a client's own request carries in the messages to that client
+
+
+class Handles:
+    """One round's opaque names of the training clients' requests (random, from the operating system)."""
+
+    def __init__(self, trainers: list[str]):
+        self.handle = {t: secrets.token_hex(8) for t in trainers}
+        self.trainer = {h: t for t, h in self.handle.items()}
+
+    def to(self, party: str, by_trainer: dict[str, Any]) -> dict[str, Any]:
+        """``{trainer: x}`` as sent to ``party``: its own request as ``OWN``, the others by handle."""
+        return {OWN if t == party else self.handle[t]: x for t, x in by_trainer.items()}
+
+    def back(self, party: str, by_name: dict[str, Any]) -> dict[str, Any]:
+        """``{name: x}`` as received from ``party`` back to ``{trainer: x}``."""
+        return {party if h == OWN else self.trainer[h]: x for h, x in by_name.items()}
 
 
 class Router:
@@ -52,8 +79,8 @@ class Router:
             pair_counts = torch.bincount(pair_src, minlength=m)
             local_pair = pair_of_pick - (torch.cumsum(pair_counts, 0) - pair_counts)[src_owner]
             targets, target_of_pair = torch.unique(keys % (m * span), return_inverse=True)
-            routes[trainer] = LayerRoute(pair_counts, target_of_pair,
-                                         torch.bincount(targets // span, minlength=m))
+            routes[trainer] = LayerRoute(pair_counts, target_of_pair, torch.bincount(targets // span, minlength=m),
+                                         gid, pair_of_pick)
             u = self.local_index[gid]
             for c in pair_src.unique().tolist():
                 mine = src_owner == c
@@ -72,7 +99,8 @@ class Router:
             sizes = torch.cat([replies[c]["counts"][trainer] for c in owners])
             n_targets = int(route.target_counts.sum())
             # A pair with count 0 (withheld) carries no vector: its owner left its row out.
-            total = torch.zeros(n_targets, sums.size(1)).index_add_(0, route.target_of_pair[sizes > 0], sums)
+            total = torch.zeros(n_targets, sums.size(1), dtype=sums.dtype).index_add_(
+                0, route.target_of_pair[sizes > 0], sums)  # int64 (masked) sums wrap in the ring
             size = torch.zeros(n_targets, dtype=torch.long).index_add_(0, route.target_of_pair, sizes)
             for c, rows, cnt in zip(self.names, total.split(route.target_counts.tolist()),
                                     size.split(route.target_counts.tolist())):
@@ -80,6 +108,17 @@ class Router:
                     remote.setdefault(c, {})[trainer] = rows[cnt > 0]
                     counts.setdefault(c, {})[trainer] = cnt
         return remote, counts
+
+    def channels(self, route: LayerRoute) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Per pair: its owner (sender), its target's owner (recipient), the target's row among the
+        recipient's targets and the pair's rank among the sender's pairs to that recipient."""
+        m = len(self.names)
+        sender = torch.repeat_interleave(torch.arange(m), route.pair_counts)
+        recipient = torch.repeat_interleave(torch.arange(m), route.target_counts)[route.target_of_pair]
+        row = route.target_of_pair - (torch.cumsum(route.target_counts, 0) - route.target_counts)[recipient]
+        _, channel, sizes = torch.unique_consecutive(sender * m + recipient, return_inverse=True, return_counts=True)
+        rank = torch.arange(channel.numel()) - (torch.cumsum(sizes, 0) - sizes)[channel]
+        return sender, recipient, row, rank
 
     def scatter(self, routes: dict[str, LayerRoute], grads: dict[str, dict[str, Tensor]],
                 counts: dict[str, dict[str, Tensor]], sizes: dict[str, dict[str, Tensor]]) -> dict[str, dict]:
