@@ -195,46 +195,54 @@ CLUSTER_RUNS = {  # the protocols the deployment must-show names; parties split 
 }
 
 
-def drive(cluster, tmp_path: Path, protocol: str, deployed: bool) -> tuple[dict, set[str]]:
-    """Run ``protocol`` from a driver process on the cluster, over a shard folder or (``deployed``
-    false) loading the dataset itself; returns the driver's report and the parties' private
-    fingerprints."""
+@pytest.fixture(scope="module")
+def cluster_runs(cluster, tmp_path_factory) -> dict[str, tuple[dict, set[str], Path]]:
+    """Every CLUSTER_RUNS protocol deployed on the cluster, plus FedAvg run by a driver that loads
+    the dataset itself ("fedavg-undeployed"), all from one driver process: per run, the driver's
+    report, the parties' private fingerprints and the run's folder (with the in-process run beside)."""
     address, env = cluster
-    extra, pins = CLUSTER_RUNS[protocol]
-    base = {**settings(protocol), **{k: {**settings(protocol).get(k, {}), **v} for k, v in extra.items()}}
-    write_shards(build_config(base), tmp_path / "shards")
-    overrides = [f"{key}={json.dumps(value)}" for key, value in _flat(base).items()]
-    overrides += ["backend.name=ray", f"backend.address={address}", "backend.actors=1"]
-    overrides += [f"backend.parties.{name}.node={node}" for name, node in pins.items()]
-    if deployed:
-        overrides.append(f"backend.shards={tmp_path / 'shards'}")
-    report = tmp_path / "report.json"
+    root = tmp_path_factory.mktemp("cluster")
+    jobs, out = [], {}
+    for label, protocol, deployed in [(p, p, True) for p in CLUSTER_RUNS] + [("fedavg-undeployed", "fedavg", False)]:
+        extra, pins = CLUSTER_RUNS[protocol]
+        base = {**settings(protocol), **{k: {**settings(protocol).get(k, {}), **v} for k, v in extra.items()}}
+        folder = root / label
+        write_shards(build_config(base), folder / "shards")
+        overrides = [f"{key}={json.dumps(value)}" for key, value in _flat(base).items()]
+        overrides += ["backend.name=ray", f"backend.address={address}", "backend.actors=1"]
+        overrides += [f"backend.parties.{name}.node={node}" for name, node in pins.items()]
+        if deployed:
+            overrides.append(f"backend.shards={folder / 'shards'}")
+            run(build_config(base), folder / "plain")
+        jobs.append({"report": str(folder / "report.json"), "run_dir": str(folder / "deployed"),
+                     "overrides": overrides})
+        out[label] = folder
+    spec = root / "spec.json"
+    spec.write_text(json.dumps(jobs))
     driver = Path(__file__).parent / "support" / "deploy_driver.py"
-    done = subprocess.run([sys.executable, str(driver), str(report), str(tmp_path / "deployed"), *overrides],
-                          env={**env, "PYTHONPATH": str(Path(__file__).parents[1])}, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run([sys.executable, str(driver), str(spec)], capture_output=True, text=True, timeout=600,
+                          env={**env, "PYTHONPATH": str(Path(__file__).parents[1])})
     assert done.returncode == 0, done.stderr[-3000:]
-    if deployed:
-        run(build_config(base), tmp_path / "plain")
-    return json.loads(report.read_text()), private_fingerprints(tmp_path / "shards")
+    return {label: (json.loads((folder / "report.json").read_text()), private_fingerprints(folder / "shards"), folder)
+            for label, folder in out.items()}
 
 
 @pytest.mark.ray
 @pytest.mark.parametrize("protocol", CLUSTER_RUNS)
-def test_on_a_two_node_cluster_no_party_data_leaves_its_node(protocol, cluster, tmp_path):
-    seen, private = drive(cluster, tmp_path, protocol, deployed=True)
+def test_on_a_two_node_cluster_no_party_data_leaves_its_node(protocol, cluster_runs):
+    seen, private, folder = cluster_runs[protocol]
     pins = CLUSTER_RUNS[protocol][1]
     assert seen["placement"] == {name: [node] for name, node in pins.items() if name != "evaluator"}
     leaked = set(seen["sent"]) & private
     assert not leaked, f"{len(leaked)} private tensors or rows left the driver"
     assert "run" in seen["methods"] and "add_from_file" in seen["methods"] and "add" not in seen["methods"]
-    same_run(tmp_path / "plain", tmp_path / "deployed")
+    same_run(folder / "plain", folder / "deployed")
 
 
 @pytest.mark.ray
-def test_the_monitor_catches_a_driver_that_ships_the_data(cluster, tmp_path):
+def test_the_monitor_catches_a_driver_that_ships_the_data(cluster_runs):
     """The same watch over a run that loads the dataset in the driver: it sees the parties' rows."""
-    seen, private = drive(cluster, tmp_path, "fedavg", deployed=False)
+    seen, private, _ = cluster_runs["fedavg-undeployed"]
     assert "add" in seen["methods"] and len(set(seen["sent"]) & private) > 100
 
 

@@ -1,9 +1,9 @@
-"""A deployed run's driver, started by tests/test_deployment.py in its own process (the test process
-already hosts another Ray instance). It runs one config against a Ray cluster with the dataset
+"""Deployed runs' driver, started by tests/test_deployment.py in its own process (the test process
+already hosts another Ray instance). It runs each config against a Ray cluster with the dataset
 loader disabled (when it runs over a shard folder), records a fingerprint of everything the driver sends to an actor, asks each party
 host which node it runs on, and writes those to a JSON file.
 
-usage: python deploy_driver.py OUT_JSON RUN_DIR KEY=VALUE...
+usage: python deploy_driver.py SPEC_JSON
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def fingerprints(value, seen=None) -> set[str]:
     return set()
 
 
-def main(out_json: str, run_dir: str, overrides: list[str]) -> None:
+def drive(out_json: str, run_dir: str, overrides: list[str]) -> None:
     import fedgl.runner
     from fedgl.comm import ray_transport
     from fedgl.config import load_config
@@ -49,8 +49,8 @@ def main(out_json: str, run_dir: str, overrides: list[str]) -> None:
     def no_data(*args, **kwargs):
         raise AssertionError("the deployed driver loaded the dataset")
 
-    if any(o.startswith("backend.shards=") for o in overrides):
-        fedgl.runner.load_data = no_data
+    loader = fedgl.runner.load_data
+    fedgl.runner.load_data = no_data if any(o.startswith("backend.shards=") for o in overrides) else loader
     sent: set[str] = set()
     methods: list[str] = []
     send = ray_transport.RayTransport._send
@@ -61,16 +61,28 @@ def main(out_json: str, run_dir: str, overrides: list[str]) -> None:
         return send(self, actor, method, *args)
 
     ray_transport.RayTransport._send = watched
-    job = fedgl.runner.Run(load_config(None, overrides), run_dir)
-    transport = job.transport
-    ray = transport._ray
-    hosts = {name: ray.get(transport._hosts[h].node_id.remote()) for name, h in transport._placement.items()}
-    nodes = {n["NodeID"]: sorted(k for k in n["Resources"] if k.startswith("node_")) for n in ray.nodes() if n["Alive"]}
-    job.execute(progress=False)
+    try:
+        job = fedgl.runner.Run(load_config(None, overrides), run_dir)
+        transport = job.transport
+        ray = transport._ray
+        hosts = {name: ray.get(transport._hosts[h].node_id.remote()) for name, h in transport._placement.items()}
+        nodes = {n["NodeID"]: sorted(k for k in n["Resources"] if k.startswith("node_"))
+                 for n in ray.nodes() if n["Alive"]}
+        job.execute(progress=False)
+    finally:
+        ray_transport.RayTransport._send = send
+        fedgl.runner.load_data = loader
     with open(out_json, "w") as fh:
         json.dump({"sent": sorted(sent), "methods": sorted(set(methods)),
                    "placement": {name: nodes.get(node, []) for name, node in hosts.items()}}, fh)
 
 
+def main(spec: str) -> None:
+    """Every run listed in the JSON file ``spec`` ([{"report", "run_dir", "overrides"}]), one after
+    the other in this process."""
+    for job in json.loads(open(spec).read()):
+        drive(job["report"], job["run_dir"], job["overrides"])
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3:])
+    main(sys.argv[1])

@@ -1,0 +1,83 @@
+"""The performance suite's pieces (benchmarks/perf.py) on small inputs, and what start-up imports."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def perf():
+    spec = importlib.util.spec_from_file_location("perf", ROOT / "benchmarks" / "perf.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+
+
+def test_import_fedgl_cli_loads_no_plotting_ray_or_sklearn():
+    code = ("import sys, fedgl.cli; print(' '.join(m for m in ('matplotlib', 'ray', 'sklearn', 'fedgl.bench') "
+            "if m in sys.modules))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert loaded == []
+
+
+def test_a_run_imports_no_plotting_until_it_draws():
+    code = ("import sys, fedgl.runner; print(' '.join(m for m in ('matplotlib', 'ray', 'sklearn', 'rich') "
+            "if m in sys.modules))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert loaded == []
+
+
+def test_targets_pass_and_fail(perf):
+    assert perf.Measure("g", "a", 1.3, "x", "<= 1.3").passed is True
+    assert perf.Measure("g", "a", 1.31, "x", "<= 1.3").passed is False
+    assert perf.Measure("g", "a", 4.0, "s", "< 4").passed is False
+    assert perf.Measure("g", "a", 2.0, "s").passed is None
+    assert perf.failed("g", "a", "s", "<= 1", ValueError("boom")).row() == {
+        "group": "g", "name": "a", "value": None, "unit": "s", "target": "<= 1",
+        "note": "not measured: ValueError: boom", "pass": False}
+
+
+def test_sampled_blocks_hold_only_edges_of_the_graph(perf):
+    edge_index = torch.tensor([[1, 2, 3, 4, 0, 0, 5], [0, 0, 0, 0, 1, 2, 1]])
+    rowptr, col = perf.csr_of(edge_index, 6)
+    nodes, blocks = perf.sample_blocks(rowptr, col, torch.tensor([0, 1]), [3, 2], torch.Generator().manual_seed(0))
+    assert nodes[:2].tolist() == [0, 1] and nodes.unique().numel() == nodes.numel()
+    edges = set(zip(*edge_index.tolist()))
+    top = blocks[-1]  # output layer: at most 2 neighbours per batch node
+    (src, dst), (num_src, num_dst) = top
+    assert num_dst == 2 and torch.bincount(dst, minlength=2).tolist() == [2, 2]
+    below = blocks[0][1][0]
+    assert {(int(nodes[s]), int(nodes[d])) for s, d in zip(*blocks[0][0].tolist())} <= edges
+    assert {(int(nodes[s]), int(nodes[d])) for s, d in zip(src.tolist(), dst.tolist())} <= edges
+    assert below == nodes.numel() and num_src <= below
+
+
+def test_overhead_measure_runs_and_writes_well_formed_results(perf, tmp_path):
+    torch.manual_seed(0)
+    measures = perf.overhead(True, dataset="synthetic", protocols=("centralized", "nfedgnn"))
+    assert [m.name for m in measures] == ["centralized", "nfedgnn"]
+    for m in measures:
+        assert m.value is not None and m.value > 0, m.note
+        assert "ms per round against" in m.note
+    result = {"machine": perf.machine(), "quick": True, "peers_cited": perf.PEERS,
+              "measures": [m.row() for m in measures]}
+    json_path, md_path = perf.write(result, tmp_path)
+    written = json.loads(json_path.read_text())
+    assert set(written["machine"]) >= {"date", "cpu", "cores", "load_average", "torch"}
+    assert written["machine"]["torch"] == torch.__version__
+    for row in written["measures"]:
+        assert set(row) == {"group", "name", "value", "unit", "target", "note", "pass"}
+        assert row["pass"] == (row["value"] <= 1.3)
+    table = md_path.read_text().splitlines()
+    assert table[2].startswith("| group | measure |") and len(table) == 4 + len(measures)
