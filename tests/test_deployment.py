@@ -37,6 +37,8 @@ PROTOCOLS = {  # every protocol with parties
     "fedgnn-pns": {"protocol": {"name": "fedgnn-pns"}},
     "llcg": {"protocol": {"name": "llcg"}, "model": {"name": "sage"}},
     "fedaas": {"protocol": {"name": "fedaas", "interval_loss": "train", "batches": 4}},
+    # keys are agreed once every party holds its shard (Protocol.start), never while partitioning
+    "fedavg-secure": {"protocol": {"name": "fedavg", "group_size": 1}, "privacy": {"secure_aggregation": True}},
 }
 TIMES = ("wall_time_s",)
 
