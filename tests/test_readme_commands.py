@@ -1,8 +1,9 @@
 """Every command in README.md and docs/ runs as written (with a small round count).
 
 Fenced ``bash`` blocks are read line by line: ``fedgl run`` commands run in a scratch folder with
-the repository's examples and ``--set train.rounds=2`` appended; ``fedgl bench TASK`` must name a
-task; ``fedgl report`` runs over the folders the runs before it wrote. Set-up and long benchmark
+the repository's examples and ``--set train.rounds=2`` appended (a run over ``backend.shards`` first
+partitions into that folder); ``fedgl bench TASK`` must name a task; ``fedgl report`` and ``fedgl
+audit`` run over folders a small run writes first. Set-up and long benchmark
 commands (pip, pytest, python scripts) are checked elsewhere (CI runs them).
 """
 
@@ -51,6 +52,13 @@ def test_command_runs_as_written(doc, command, data_root, tmp_path, monkeypatch)
                              "--rounds", "2", "--quiet", "--out", folder]) == 0
         assert main(argv) == 0, command
         return
+    if argv[0] == "audit":  # over a small run that recorded its messages
+        assert main(["run", "--dataset", "synthetic", "--set", "dataset.options.num_nodes=200", "--rounds", "2",
+                     "--set", "privacy.record_messages=true", "--quiet", "--out", argv[1]]) == 0
+    shards = next((a.split("=", 1)[1] for a in argv if a.startswith("backend.shards=")), None)
+    if argv[0] == "run" and shards is not None:  # the shard folder the doc's partition command writes
+        assert main(["partition", *[a for a in argv[1:] if not a.startswith("-") and a.endswith(".yaml")],
+                     "--out", shards]) == 0
     if argv[0] == "run":
         argv += ["--set", "train.rounds=2", "--quiet"]
         if "--out" not in argv:
