@@ -25,7 +25,7 @@ def perf():
 
 
 def test_import_fedgl_cli_loads_no_plotting_ray_or_sklearn():
-    code = ("import sys, fedgl.cli; print(' '.join(m for m in ('matplotlib', 'ray', 'sklearn', 'fedgl.bench') "
+    code = ("import sys, fedgl.cli; print(' '.join(m for m in ('matplotlib', 'ray', 'sklearn', 'rich', 'fedgl.bench') "
             "if m in sys.modules))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert loaded == []

@@ -208,8 +208,8 @@ def test_secure_glasu_ends_where_plain_glasu_ends_and_sends_int64_representation
 
 
 def test_protocols_without_privacy_options_refuse_them():
-    with pytest.raises(ConfigError, match="protocol glasu does not implement it"):
-        build_config({"protocol": {"name": "glasu"}, "privacy": {"dp": {"noise_multiplier": 1, "max_norm": 1}}})
+    with pytest.raises(ConfigError, match="protocol cnfgnn does not implement it"):
+        build_config({"protocol": {"name": "cnfgnn"}, "privacy": {"secure_aggregation": True}})
     with pytest.raises(ConfigError, match="protocol llcg does not implement it"):
         build_config({"protocol": {"name": "llcg"}, "privacy": {"dp": {"noise_multiplier": 1, "max_norm": 1}}})
 

@@ -28,7 +28,7 @@ def commands() -> list[tuple[str, str]]:
         for block in FENCE.findall(doc.read_text()):
             for line in block.replace("\\\n", " ").splitlines():
                 line = line.split("  #")[0].split(" # ")[0].strip()
-                if line.startswith("fedgl "):
+                if line.startswith("fedgl ") and line not in {c for _, c in found}:  # a repeat runs once
                     found.append((doc.name, line))
     return found
 

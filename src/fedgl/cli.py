@@ -7,17 +7,22 @@ code 2; a traceback means a bug in fedgl.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
 from pathlib import Path
 
-from rich.console import Console
-
 from . import __version__
 from .errors import ConfigError, FedglError, RunFailed
 
-console = Console(soft_wrap=True)  # one result line, whatever the width
+
+@functools.cache
+def console():
+    """The terminal printer (rich is imported only when something is printed)."""
+    from rich.console import Console
+
+    return Console(soft_wrap=True)  # one result line, whatever the width
 
 _FLAGS = {  # run flags that are shorthands for config keys
     "protocol": "protocol.name",
@@ -45,7 +50,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.resume:
         if not job.resume():
             raise ConfigError(f"cannot resume: {args.out} holds no checkpoint (set checkpoint_every to write them)")
-        console.print(f"resuming from round {job.start_round}")
+        console().print(f"resuming from round {job.start_round}")
     try:
         result = job.execute(progress=not (args.quiet or args.json))
     except KeyboardInterrupt:
@@ -59,7 +64,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(s | {"out_dir": str(result.out_dir)}, default=float))
         return 0
-    console.print(
+    console().print(
         f"[bold]{s['protocol']}[/bold] on {s['dataset']} ({s['backend']}, seed {s['seed']}): "
         f"{s['rounds']} rounds, best val {s['best_val_accuracy']:.4f} at round {s['best_round']}, "
         f"test {s['test_accuracy']:.4f}, {human_bytes(s['bytes_total'])} sent, "
@@ -67,8 +72,8 @@ def _run(args: argparse.Namespace) -> int:
     )
     if s["target_val_accuracy"] is not None:
         reached = f"round {s['round_at_target']}" if s["round_at_target"] else "not reached"
-        console.print(f"target val accuracy {s['target_val_accuracy']}: {reached}")
-    console.print(f"results: {result.out_dir}")
+        console().print(f"target val accuracy {s['target_val_accuracy']}: {reached}")
+    console().print(f"results: {result.out_dir}")
     return 0
 
 
@@ -94,7 +99,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     if args.task is None or args.list:
         for name, task in sorted(all_tasks().items()):
-            console.print(f"[bold]{name}[/bold]: {task.description}")
+            console().print(f"[bold]{name}[/bold]: {task.description}")
         return 0
     overrides = {}
     for assignment in args.set or []:
@@ -105,8 +110,8 @@ def _bench(args: argparse.Namespace) -> int:
     task = get_task(args.task)
     out = Path(args.out) if args.out else Path("benchmarks") / "results" / task.name
     run_task(task, out, seeds=args.seeds, quick=args.quick, backend=args.backend, overrides=overrides,
-             only=args.only, rerun=args.rerun, console=console)
-    console.print(f"results: {out}")
+             only=args.only, rerun=args.rerun, console=console())
+    console().print(f"results: {out}")
     return 0
 
 
@@ -116,7 +121,7 @@ def _datasets(args: argparse.Namespace) -> int:
     from .data import check_dataset, dataset_names, dataset_status, resolve_data_root
 
     root = resolve_data_root(args.data_root)
-    console.print(f"data root: {root}")
+    console().print(f"data root: {root}")
     names = args.names or dataset_names()
     unknown = [n for n in names if n.lower() not in dataset_names()]
     if unknown:
@@ -129,7 +134,7 @@ def _datasets(args: argparse.Namespace) -> int:
             st = dataset_status(name, args.data_root)
             folder = os.path.relpath(st.path, root) if st.path.startswith(root) else st.path
             table.add_row(st.name, "present" if st.present else "missing", st.source, folder, st.detail)
-        console.print(table)
+        console().print(table)
         return 0
     failed = 0
     for column in ("dataset", "nodes", "edges", "features", "classes", "train/val/test", "status"):
@@ -143,14 +148,14 @@ def _datasets(args: argparse.Namespace) -> int:
             continue
         table.add_row(name, str(info["nodes"]), str(info["edges"]), str(info["features"]), str(info["classes"]),
                       f"{info['train']}/{info['val']}/{info['test']}", "[green]ok[/green]")
-    console.print(table)
+    console().print(table)
     return 2 if failed and args.names else 0  # a named dataset that does not load is bad input
 
 
 def _report(args: argparse.Namespace) -> int:
     from .report import report
 
-    report([Path(p) for p in args.folders], Path(args.out) if args.out else None, console,
+    report([Path(p) for p in args.folders], Path(args.out) if args.out else None, console(),
            Path(args.html) if args.html else None)
     return 0
 
@@ -164,7 +169,7 @@ def _partition(args: argparse.Namespace) -> int:
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder")
     manifest = write_shards(cfg, out)
-    console.print(f"{len(manifest['parties'])} party shards, the server's state and the evaluator's ground truth "
+    console().print(f"{len(manifest['parties'])} party shards, the server's state and the evaluator's ground truth "
                   f"written to {out}; run with --set backend.shards={out}")
     return 0
 
@@ -172,7 +177,7 @@ def _partition(args: argparse.Namespace) -> int:
 def _audit(args: argparse.Namespace) -> int:
     from .privacy.audit import audit_command
 
-    return audit_command(Path(args.run_dir), console, as_json=args.json, data_root=args.data_root)
+    return audit_command(Path(args.run_dir), console(), as_json=args.json, data_root=args.data_root)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -10,8 +10,6 @@ import sys
 import time
 from typing import Any, TextIO
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
 
 def human_bytes(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
@@ -38,10 +36,13 @@ class RunProgress:
         self.every = max(1, total // 20)
         self.started = time.perf_counter()
         self.last = ""
-        self._bar: Progress | None = None
+        self._bar = None
 
     def __enter__(self) -> "RunProgress":
-        if self.live:
+        if self.live:  # rich is loaded only for a live bar
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                       TimeRemainingColumn)
+
             self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("{task.fields[status]}"), TimeElapsedColumn(), TimeRemainingColumn())
             self._bar.__enter__()

@@ -6,13 +6,8 @@ import json
 from pathlib import Path
 from typing import IO, Any, Iterable
 
-import matplotlib
-
 from .errors import ConfigError
 from .progress import human_bytes
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
@@ -78,11 +73,16 @@ SPLIT_STYLE = {"train": ":", "val": "-", "test": "--"}
 def plot_curves(runs: dict[str, list[dict]], path: Path | IO[bytes], title: str = "", xlabel: str = "round") -> None:
     """Loss and accuracy against rounds and accuracy against cumulative bytes (log axis), one colour per
     run, line style per split, the round of best validation accuracy starred."""
+    # Imported here, and without pyplot (a Figure draws on the Agg canvas by itself): matplotlib is
+    # loaded only when a plot is drawn, which keeps it out of every command's start-up.
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
     from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
-    fig, (loss_ax, acc_ax, bytes_ax) = plt.subplots(1, 3, figsize=(15, 4.6))
-    colours = plt.get_cmap("tab10" if len(runs) <= 10 else "tab20").colors
+    fig = Figure(figsize=(15, 4.6))
+    loss_ax, acc_ax, bytes_ax = fig.subplots(1, 3)
+    colours = colormaps["tab10" if len(runs) <= 10 else "tab20"].colors
     handles = []
     for (label, rows), colour in zip(runs.items(), colours * (len(runs) // len(colours) + 1)):
         rounds = [r["round"] for r in rows]
@@ -129,4 +129,3 @@ def plot_curves(runs: dict[str, list[dict]], path: Path | IO[bytes], title: str 
     fig.legend(handles=handles, loc="lower center", ncol=columns, frameon=False, fontsize="medium")
     fig.tight_layout(rect=(0, 0.06 * (1 + (len(handles) - 1) // columns), 1, 1))
     fig.savefig(path, dpi=110)
-    plt.close(fig)

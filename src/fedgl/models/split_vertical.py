@@ -29,7 +29,7 @@ from torch.nn import functional as F
 from torch_geometric.utils import softmax
 
 from ..errors import ConfigError
-from .graph import SparseOperator, dropout
+from .graph import SparseOperator, TransposePlan, csr_tensor, dropout
 from ..sampling import CSR, sample_neighbors
 
 BACKBONES = ("gcn", "gat", "gcnii", "gcnres")
@@ -85,28 +85,72 @@ def client_graph(edge_index: Tensor, num_nodes: int, use_graph: bool = True) -> 
 @dataclass(frozen=True, eq=False)
 class Rows:
     """Rows of a client's feature block: dense, or CSR pieces when the block is sparse (bag-of-words
-    blocks are about 1% nonzero), so the input layer costs O(nonzeros) (:func:`linear_in`)."""
+    blocks are about 1% nonzero), so the input layer costs O(nonzeros) (:func:`linear_in`).
+
+    The backward pass of the input layer multiplies by the transposed rows. Its index structure is
+    built once for the client's whole block (one sort) and, for a selection of nodes, restricted from
+    it in O(nonzeros) without sorting; ``cache`` holds it, shared by the dropped-out copies.
+    """
 
     dense: Tensor | None
     crow: Tensor | None = None
     col: Tensor | None = None
     val: Tensor | None = None
+    parent: "Rows | None" = None  # the rows these were selected from (sparse only)
+    nodes: Tensor | None = None  # which of the parent's rows, in order
+    cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def select(self, nodes: Tensor) -> "Rows":
         if self.dense is not None:
             return Rows(self.dense[nodes])
         counts = self.crow[nodes + 1] - self.crow[nodes]
-        seg = torch.repeat_interleave(torch.arange(nodes.numel()), counts)
-        first = torch.cumsum(counts, 0) - counts
-        entry = self.crow[nodes][seg] + torch.arange(seg.numel()) - first[seg]
         crow = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
-        return Rows(None, crow, self.col[entry], self.val[entry])
+        seg = torch.repeat_interleave(torch.arange(nodes.numel()), counts)
+        entry = torch.arange(seg.numel()) + (self.crow[nodes] - crow[:-1])[seg]
+        return Rows(None, crow, self.col[entry], self.val[entry], self, nodes)
 
     def dropout(self, p: float, training: bool) -> "Rows":
         """Dropout on the entries (on a sparse block, zeros stay zero either way)."""
         if self.dense is not None:
             return Rows(dropout(self.dense, p, training))
-        return Rows(None, self.crow, self.col, dropout(self.val, p, training))
+        if not training or p == 0.0:
+            return self
+        return Rows(None, self.crow, self.col, dropout(self.val, p, training), self.parent, self.nodes, self.cache)
+
+    @property
+    def num_columns(self) -> int:
+        return self.parent.num_columns if self.parent is not None else self.cache["num_columns"]
+
+    def transpose_plan(self) -> TransposePlan:
+        """The CSR structure of these rows' transpose (computed on first use, then cached)."""
+        if "plan" not in self.cache:
+            self.cache["plan"] = (self._restricted_plan() if self.parent is not None
+                                  else TransposePlan.of(self.matrix()))
+        return self.cache["plan"]
+
+    def _restricted_plan(self) -> TransposePlan:
+        """The parent's transpose with only the selected nodes' entries, columns renumbered to their
+        positions in the selection; falls back to sorting when the selection repeats a node."""
+        parent, nodes = self.parent, self.nodes
+        where = torch.full((parent.crow.numel() - 1,), -1, dtype=torch.long)
+        where[nodes] = torch.arange(nodes.numel())
+        if not torch.equal(where[nodes], torch.arange(nodes.numel())):
+            return TransposePlan.of(self.matrix())
+        up = parent.transpose_plan()
+        position = where[up.col]
+        keep = position >= 0
+        kept = torch.cat([keep.new_zeros(1, dtype=torch.long), torch.cumsum(keep, 0)])
+        col = position[keep]
+        node = up.col[keep]
+        perm = self.crow[col] + up.perm[keep] - parent.crow[node]
+        return TransposePlan(kept[up.crow], col, perm)
+
+    def matrix(self) -> Tensor:
+        return csr_tensor(self.crow, self.col, self.val, (self.crow.numel() - 1, self.num_columns))
+
+    def operator(self) -> SparseOperator:
+        """These rows as a CSR operator whose backward uses the cached transpose structure."""
+        return SparseOperator(self.matrix(), self.transpose_plan)
 
 
 def features(x: Tensor, max_density: float = 0.25) -> Rows:
@@ -115,16 +159,16 @@ def features(x: Tensor, max_density: float = 0.25) -> Rows:
     if x.numel() and (x != 0).float().mean() <= max_density:
         with _quiet():
             csr = x.to_sparse_csr()
-        return Rows(None, csr.crow_indices(), csr.col_indices(), csr.values())
+        return Rows(None, csr.crow_indices(), csr.col_indices(), csr.values(), cache={"num_columns": x.size(1)})
     return Rows(x)
 
 
 def linear_in(rows: Rows, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """rows @ weight.T (+ bias), as an embedding bag over the nonzeros when the rows are sparse."""
+    """rows @ weight.T (+ bias); on sparse rows a product over the nonzeros with a contiguous
+    transposed weight, whose backward multiplies by the cached transpose of the rows."""
     if rows.dense is not None:
         return F.linear(rows.dense, weight, bias)
-    out = F.embedding_bag(rows.col, weight.t(), rows.crow[:-1], per_sample_weights=rows.val, mode="sum",
-                          include_last_offset=False)
+    out = rows.operator() @ weight.t()
     return out if bias is None else out + bias
 
 
@@ -144,8 +188,10 @@ def sample_below(graph: ClientGraph, targets: Tensor, fanout: int, method: str) 
         csr = CSR(graph.rowptr, graph.col, graph.num_nodes)
         return sample_neighbors(csr, targets, [fanout], generator).n_id
     seg, entry = graph.neighbours(targets)
-    cand = torch.unique(graph.col[entry])
-    cand = cand[~torch.isin(cand, targets)]
+    mark = torch.zeros(graph.num_nodes, dtype=torch.bool)
+    mark[graph.col[entry]] = True
+    mark[targets] = False
+    cand = mark.nonzero().flatten()  # the targets' neighbours outside the targets, ascending
     if method == "layerwise":
         take = min(fanout * targets.numel(), cand.numel())
         cand = cand[torch.randperm(cand.numel())[:take]].sort().values
@@ -182,11 +228,12 @@ class Block:
 
     @cached_property
     def operator(self) -> SparseOperator:
-        """The block as a CSR operator (repeated pairs summed); its transpose is built on first backward."""
-        size = (self.num_out, self.num_in)
-        with _quiet():
-            coo = torch.sparse_coo_tensor(torch.stack([self.row, self.col]), self.weight, size).coalesce()
-            return SparseOperator(coo.to_sparse_csr())
+        """The block as a CSR operator; its transpose is built on first backward. A block holds no
+        repeated pair, so one sort by (row, column) gives the coalesced matrix (the same arrays, so the
+        same sums) without building a COO tensor first."""
+        order = torch.argsort(self.row * self.num_in + self.col)
+        return SparseOperator.from_edges(self.row[order], self.col[order], self.weight[order], self.num_out,
+                                         self.num_in)
 
     def propagate(self, h: Tensor) -> Tensor:
         """Weighted sum over each output node's in-neighbours: A_block @ h."""

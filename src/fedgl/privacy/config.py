@@ -16,26 +16,31 @@ from ..errors import ConfigError
 # protocol name -> the privacy options its code implements
 SUPPORTED: dict[str, tuple[str, ...]] = {
     "fedavg": ("secure_aggregation", "dp"),
-    "glasu": ("secure_aggregation",),
-    # FedAAS's model averages, in every preset that averages one global model (GraphFed's server mixes
-    # each client's own model, so it has no sum to mask)
+    # GLASU: its mean aggregation masked; DP on every representation a client sends
+    "glasu": ("secure_aggregation", "dp"),
+    # FedAAS's model averages (and, with DP, its exchanged partials), in every preset that averages one
+    # global model (GraphFed's server mixes each client's own model, so it has no sum to mask)
     **dict.fromkeys(("fedaas", "fedcross", "fedaas-pns", "fedlocal", "fedall", "fedaas1", "fedaas2",
-                     "fedgraph-recon"), ("secure_aggregation",)),
+                     "fedgraph-recon"), ("secure_aggregation", "dp")),
     # the Swift-FedGNN family's cross-client sums (protocols/cross_client.py); LLCG sends raw rows by design
     "swift": ("secure_aggregation", "dp"),
     "fedgnn-g": ("secure_aggregation", "dp"),
     "fedgnn-pns": ("secure_aggregation", "dp"),
+    # nFedGNN: DP on every latent a user sends (CNFGNN's model uploads are not covered: it refuses)
+    "nfedgnn": ("dp",),
 }
 
 
 class DPConfig(BaseModel):
-    """Gaussian mechanism on what a client releases (FedAvg: its model update; the Swift family: each
-    row it sums for another client): clip to ``max_norm`` (L2), add N(0, (noise_multiplier * max_norm)^2)
-    to every coordinate; epsilon is reported at ``delta``."""
+    """Gaussian mechanism on what a client releases (FedAvg, FedAAS: its model update; the Swift family,
+    FedAAS: each row it sums for another client; GLASU: each node's row of its representations): clip to
+    ``max_norm`` (L2), add N(0, (noise_multiplier * max_norm)^2) to every coordinate (FedAAS's attention
+    terms carry one more coordinate, see docs/privacy.md); epsilon is reported at ``delta``."""
 
     model_config = ConfigDict(extra="forbid")
     noise_multiplier: float = Field(gt=0, description="noise standard deviation over max_norm")
-    max_norm: float = Field(gt=0, description="L2 bound every client update (Swift: every row sent) is clipped to")
+    max_norm: float = Field(gt=0, description="L2 bound every client update (Swift, FedAAS, GLASU: every row sent) "
+                                              "is clipped to")
     delta: float = Field(1e-5, gt=0, lt=1, description="the delta epsilon is reported at")
 
 
@@ -43,8 +48,8 @@ class PrivacyConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
     secure_aggregation: bool = Field(False, description=(
         "additive masks: the server sees only masked sums (Swift: not even those)"))
-    dp: DPConfig | None = Field(None, description="differential privacy on model updates (Swift: on exchanged "
-                                                 "embeddings); null = off")
+    dp: DPConfig | None = Field(None, description="differential privacy on model updates and exchanged "
+                                                 "embeddings; null = off")
     record_messages: bool = Field(False, description=(
         "write every message's payload to <out>/messages/ so `fedgl audit` can attack what crossed"))
 

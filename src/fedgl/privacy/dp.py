@@ -8,12 +8,14 @@ The privacy budget is tracked by Google's ``dp-accounting`` RDP accountant: one 
 round, Poisson-subsampled at the round's client sampling rate when clients are sampled.
 
 Swift's exchanged embeddings use the same mechanism per partial sum (``clip`` every row, add
-``gaussian`` noise to the sum); ``ReleaseAccountant`` counts the releases each node's row went into and
-reports epsilon for the node with the most.
+``gaussian`` noise to the sum), as do FedAAS's exchanged partials and GLASU's representations;
+``ReleaseAccountant`` counts the releases each node's row went into and reports epsilon for the node
+with the most (FedAAS composes it with the rounds of model uploads).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections import Counter
 from collections.abc import Sequence
@@ -25,8 +27,9 @@ from ..errors import ConfigError
 from .config import DPConfig
 
 
-def clip(updates: Tensor, max_norm: float) -> Tensor:
-    """Each row scaled down to L2 norm at most ``max_norm`` (rows already inside are unchanged)."""
+def clip(updates: Tensor, max_norm: float | Tensor) -> Tensor:
+    """Each row scaled down to L2 norm at most ``max_norm`` (rows already inside are unchanged; a
+    ``[k, 1]`` tensor gives each row its own bound)."""
     norms = torch.linalg.vector_norm(updates, dim=1, keepdim=True)
     return updates * (max_norm / norms.clamp_min(max_norm))
 
@@ -38,10 +41,19 @@ def privatize(updates: Tensor, dp: DPConfig, generators: Sequence[torch.Generato
     return clip(updates, dp.max_norm) + noise * (dp.noise_multiplier * dp.max_norm)
 
 
-def gaussian(sums: Tensor, dp: DPConfig) -> Tensor:
-    """``sums`` plus N(0, (noise_multiplier * max_norm)^2) per coordinate, from torch's default
-    generator (the party's own random state)."""
-    return sums + torch.randn(sums.shape, dtype=sums.dtype) * (dp.noise_multiplier * dp.max_norm)
+def gaussian(sums: Tensor, dp: DPConfig, generator: torch.Generator | None = None,
+             sensitivity: float | None = None) -> Tensor:
+    """``sums`` plus N(0, (noise_multiplier * sensitivity)^2) per coordinate (sensitivity: ``max_norm``
+    unless given), from ``generator`` (None: torch's default, the party's own random state)."""
+    scale = dp.noise_multiplier * (dp.max_norm if sensitivity is None else sensitivity)
+    return sums + torch.randn(sums.shape, dtype=sums.dtype, generator=generator) * scale
+
+
+def noise_generator(seed: int) -> torch.Generator:
+    """A party's stream for DP noise, apart from its sampling and dropout draws, so a run with noise
+    makes the same draws as without it."""
+    digest = hashlib.sha256(f"fedgl dp noise {seed}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "big") >> 1)
 
 
 def _dp_accounting():
@@ -102,6 +114,12 @@ class ReleaseAccountant:
         """One release for each entry of ``nodes`` (global ids, repeated for several releases)."""
         self.releases += torch.bincount(nodes, minlength=self.releases.numel())
 
-    def epsilon(self) -> float:
-        most = int(self.releases.max()) if self.releases.numel() else 0
-        return epsilon(self.noise_multiplier, [1.0] * most, self.delta) if most else 0.0
+    def most(self) -> int:
+        """The largest number of releases any node's row went into."""
+        return int(self.releases.max()) if self.releases.numel() else 0
+
+    def epsilon(self, rounds: Sequence[float] = ()) -> float:
+        """Epsilon of the most released node, composed with ``rounds``: the sampling rates of further
+        Gaussian events (of the same noise multiplier) every node's data went into."""
+        events = [*rounds, *[1.0] * self.most()]
+        return epsilon(self.noise_multiplier, events, self.delta) if events else 0.0

@@ -24,7 +24,10 @@ Optional rules: ``phi`` (the paper's ratio rule in place of fan-outs; the server
 knows every node's owner, draws each owner's share of a target's remote candidates), ``tau0: grid``
 (τ_0 from one trial round per candidate on restored copies of every party and the server) and, with
 ``privacy.secure_aggregation``, masked uploads of which the server decodes only the sum (FedAvg's
-``private_reply``).
+``private_reply``). With ``privacy.dp`` a client's upload is its update clipped and noised (FedAvg's
+``private_reply`` again), every row an owner puts into a pair partial and every key and query crossing
+at a sync is clipped and noised (``FedAASClient.private_partials``), and the server composes the rounds
+of uploads with the most released node's count (docs/privacy.md, FedAAS).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from ..models.split_attention import NEGATIVE_SLOPE, Partial, SplitAttentionNet,
 from ..optim import make_optimizer
 from ..partition import horizontal_from_config
 from ..privacy import PrivacyConfig
+from ..privacy.dp import Accountant, ReleaseAccountant, clip, gaussian, noise_generator
 from ..privacy.secure_aggregation import MaskedParty, MaskingClient, decode, exchange_keys, ring_sum
 from ..sampling import CSR, sample_neighbors, sample_weighted
 from .base import Protocol, ProtocolOptions
@@ -217,9 +221,13 @@ class FedAASClient(MaskedParty, HorizontalClient):
     """A FedAAS client: trains on its shard, keeps the history store, serves partials to others."""
 
     def __init__(self, name: str, seed: int, shard: Any, train: TrainConfig, num_features: int, num_classes: int,
-                 opts: dict[str, Any], index: int = 0, secure_aggregation: bool = False):
+                 opts: dict[str, Any], index: int = 0, privacy: PrivacyConfig | None = None):
         super().__init__(name, seed, shard, PLACEHOLDER, num_features, num_classes)
-        self.masker = MaskingClient.create(index) if secure_aggregation else None
+        self.privacy = privacy or PrivacyConfig()
+        self.masker = MaskingClient.create(index) if self.privacy.secure_aggregation else None
+        self.dp = self.privacy.dp
+        self.noise = noise_generator(seed) if self.dp is not None else None
+        self.origin: Tensor | None = None  # θ_t as flat_state, the start of this round's update
         self.opts = FedAASOptions.model_validate(opts)
         self.train_cfg = train
         self.model = SplitAttentionNet(num_features, self.opts.widths, num_classes, self.opts.aggregate,
@@ -401,6 +409,7 @@ class FedAASClient(MaskedParty, HorizontalClient):
     def start(self, state: dict[str, Tensor], train: bool = True) -> dict[str, Any]:
         """Load θ_t; a training client also gets a fresh Adam and this round's shuffled batches."""
         self.model.load_state_dict(state)
+        self.origin = flat_state(state)
         self.losses, self.queue, self.step = [], [], None
         if train:
             self.optimizer = make_optimizer(self.model.parameters(), self.train_cfg)
@@ -440,11 +449,53 @@ class FedAASClient(MaskedParty, HorizontalClient):
         targets, cols = self.step.picks[layer]
         if targets.numel() == 0:
             return {}
-        query, _ = self.model.query_key(layer, self.step.hs[layer][torch.unique(targets)].detach())
+        query = self._query(layer, self.step.hs[layer][torch.unique(targets)].detach())
         out = {"targets": targets, "ids": self.remote_ids[cols - self.n], "query": query.detach()}
         if layer in self.step.logits:  # phi: the server draws each owner's share of the candidates
             out["logits"] = self.step.logits[layer].detach()
         return out
+
+    @torch.no_grad()
+    def _query(self, layer: int, h: Tensor) -> Tensor:
+        """Each target's query a_dst·W h; under DP (attention) a_dst·clip(W h), noised at its bound
+        |a_dst| max_norm. In mean mode a_dst is zero and the query carries nothing."""
+        if self.dp is None or self.opts.aggregate == "mean":
+            return self.model.query_key(layer, h)[0]
+        a = self.model.att_dst[layer]
+        query = clip(self.model.project(layer, h), self.dp.max_norm) @ a
+        return gaussian(query, self.dp, self.noise, float(a.norm()) * self.dp.max_norm)
+
+    @torch.no_grad()
+    def private_partials(self, layer: int, h: Tensor, query: Tensor, pair: Tensor, npairs: int
+                         ) -> tuple[Partial, Tensor]:
+        """``model.serve`` under DP. Each pick's row (z = W h, or h when the receiver projects) is
+        clipped to max_norm C and its key a·row taken from the clipped row, so |key| <= |a| C. Mean: the
+        pair sums Σ row noised at scale σ C. Attention: a pick's term is exp(e - b) [row, 1] with
+        b = LeakyReLU(query + |a| C) >= e, so its norm is at most sqrt(C² + 1) and the pair sums are noised
+        at σ sqrt(C² + 1). Keys are noised at σ |a| C. Then, on the noised sums and public bounds only: a den
+        into the range a true one has, and the pair sent as its mean (clipped to the C-ball), den 1 and shift
+        b + log den, the same partial in a form that does not underflow (the sums are taken in float64)."""
+        dp, model, bound = self.dp, self.model, self.dp.max_norm
+        projected = self.opts.remote_projection == "owner"
+        rows = clip(model.project(layer, h) if projected else h, bound)
+        direction = model.att_src[layer] if projected else model.weights[layer] @ model.att_src[layer]
+        keys = rows @ direction
+        count = torch.bincount(pair, minlength=npairs).to(rows.dtype)
+        if self.opts.aggregate == "mean":
+            num = gaussian(torch.zeros(npairs, rows.size(1)).index_add_(0, pair, rows), dp, self.noise)
+            return Partial(clip(num, (count * bound).unsqueeze(1)), count, torch.zeros(npairs)), keys
+        kappa = float(direction.norm())
+        top = F.leaky_relu(query + kappa * bound, NEGATIVE_SLOPE)
+        low = F.leaky_relu(query - kappa * bound, NEGATIVE_SLOPE)
+        gap = (F.leaky_relu(query[pair] + keys, NEGATIVE_SLOPE) - top[pair]).double()
+        weight = torch.exp(gap).unsqueeze(1)
+        terms = torch.cat([rows.double() * weight, weight], 1)
+        sums = gaussian(torch.zeros(npairs, terms.size(1), dtype=terms.dtype).index_add_(0, pair, terms), dp,
+                        self.noise, math.hypot(bound, 1.0))
+        den = sums[:, -1].clamp(min=count.double() * torch.exp((low - top).double()), max=count.double())
+        mean = clip(sums[:, :-1] / den.unsqueeze(1), bound).to(rows.dtype)
+        return (Partial(mean, torch.ones(npairs), (top.double() + den.log()).to(rows.dtype)),
+                gaussian(keys, dp, self.noise, kappa * bound))
 
     @rpc(incoming="index", query="embedding",
          returns={"num": "embedding", "den": "embedding", "shift": "embedding", "keys": "embedding", "count": "index",
@@ -458,9 +509,12 @@ class FedAASClient(MaskedParty, HorizontalClient):
         for trainer, req in incoming.items():
             u, pair = req["u"], req["pair"]
             npairs = int(pair.max()) + 1
-            with torch.no_grad():
-                part, keys = self.model.serve(layer, h[u], query[trainer], pair, npairs,
-                                              projected=self.opts.remote_projection == "owner", slopes=self.exact)
+            if self.dp is not None:
+                part, keys = self.private_partials(layer, h[u], query[trainer], pair, npairs)
+            else:
+                with torch.no_grad():
+                    part, keys = self.model.serve(layer, h[u], query[trainer], pair, npairs,
+                                                  projected=self.opts.remote_projection == "owner", slopes=self.exact)
             count = torch.bincount(pair, minlength=npairs)
             held = count < self.opts.min_pair_rows
             part.num[held], part.den[held], part.shift[held] = 0.0, 0.0, float("-inf")
@@ -488,19 +542,21 @@ class FedAASClient(MaskedParty, HorizontalClient):
 
     @rpc(participants="index", returns={"state": "model", "num_train": "control", "loss": "control", "masked": "model"})
     def upload(self, participants: Tensor | None = None, round_index: int = 0) -> dict[str, Any]:
-        """The trained model; under secure aggregation only ``[w θ, w, w loss]`` masked (fedavg's
-        ``private_reply``), w the client's averaging weight (0 without training nodes)."""
+        """The trained model (under DP: θ_t plus its clipped, noised update); under secure aggregation only
+        ``[w θ, w, w loss]`` masked (fedavg's ``private_reply``), w the client's averaging weight (0
+        without training nodes)."""
         num_train = int(self.train_idx.numel())
         loss = sum(self.losses) / len(self.losses) if self.losses else math.nan
-        if self.masker is None:
-            return {"state": self.model.state_dict(), "num_train": num_train, "loss": loss}
+        state = self.model.state_dict()
+        if not self.privacy.requested():
+            return {"state": state, "num_train": num_train, "loss": loss}
         weight = (num_train if self.opts.weighting == "nodes" else 1) if num_train else 0
-        row = flat_state(self.model.state_dict()).unsqueeze(0)
-        # FedAAS offers no DP, so the update's starting point (the second argument) plays no part.
-        reply = private_reply(row, row, torch.tensor([weight]), torch.tensor([loss if weight else 0.0],
-                              dtype=torch.float64), PrivacyConfig(secure_aggregation=True), [None], [self.masker],
-                              participants, round_index)
-        return {"masked": reply["masked"][0]}
+        reply = private_reply(flat_state(state).unsqueeze(0), self.origin.unsqueeze(0), torch.tensor([weight]),
+                              torch.tensor([loss if weight else 0.0], dtype=torch.float64), self.privacy,
+                              [self.noise], [self.masker], participants, round_index)
+        if "masked" in reply:
+            return {"masked": reply["masked"][0]}
+        return {"state": state_from_row(reply["state"][0], state), "num_train": num_train, "loss": loss}
 
 
 # ---- the server ----------------------------------------------------------------------------------
@@ -528,13 +584,23 @@ class FedAAS(Protocol):
         if self.secure and self.sample_size(len(part.shards)) < 2:
             raise ConfigError(f"{self.name}: privacy.secure_aggregation needs at least 2 clients per round, got "
                               f"{self.sample_size(len(part.shards))} (partition.num_clients x protocol.client_fraction)")
+        dp = self.cfg.privacy.dp
+        if dp is not None and (o.phi is not None or (o.query_gradient == "exact" and o.aggregate == "attention")):
+            raise ConfigError(f"{self.name}: privacy.dp does not noise what phi (the trainers' logits) or "
+                              f"query_gradient exact (the slope-weighted sums) sends; unset them")
+        # DP: the rounds of model uploads (client-level) and every node's releases at syncs (node-level)
+        self.rounds = Accountant(dp) if dp is not None else None
+        self.releases = ReleaseAccountant(dp, part.owner.numel()) if dp is not None else None
         options = o.model_dump()
         self.clients = self.transport.spawn(FedAASClient, [
             dict(name=f"client{m}", seed=self.cfg.seed * 100_003 + m + 1, shard=shard, train=self.cfg.train,
                  num_features=data.num_features, num_classes=num_classes, opts=options, index=m,
-                 secure_aggregation=self.secure)
+                 privacy=self.cfg.privacy)
             for m, shard in enumerate(part.shards)])
         self.router = Router(part.owner, part.local_index, self.clients)
+        # each client's own nodes by local index, as global ids (the queries' targets)
+        self.own_ids = [(part.owner == c).nonzero().flatten() for c in range(len(self.clients))]
+        self.own_ids = [ids[torch.argsort(part.local_index[ids])] for ids in self.own_ids]
         self.held_out = getattr(part, "server_shard", None)
         if o.interval == "adaptive" and o.interval_loss == "server":
             if self.held_out is None:
@@ -586,7 +652,7 @@ class FedAAS(Protocol):
             loss = self.server_loss()
             grid[tau] = {"loss": loss, "seconds": seconds, "rate": (loss - self.losses[0]) / seconds}
             transport.roll_back()
-            self.load_state_dict(copy.deepcopy(server))
+            self.load_state_dict(copy.deepcopy(server) | self.dp_state())  # the trials' releases stay spent
             torch.set_rng_state(rng)
             transport.idle()
         transport.set_round(current)
@@ -614,7 +680,7 @@ class FedAAS(Protocol):
         tau = self.tau if self.model.num_layers > 1 else None
         loss, syncs = self.run_round(tau, round_index)
         if loss is None:
-            return {"train_loss": math.nan}
+            return {"train_loss": math.nan, **self.spent()}
         if o.interval == "adaptive":
             self.losses.append(self.server_loss() if server_loss else loss)
             self.tau = next_interval(o.interval_rule, self.losses, self.tau, self.tau0, min(o.tau_min, self.tau0))
@@ -622,7 +688,15 @@ class FedAAS(Protocol):
         ledger = self.transport.ledger
         return {"train_loss": loss, "tau": float(tau) if tau is not None else math.nan, "syncs": float(syncs),
                 "bytes_embedding": float(ledger.total(methods=EXCHANGE, kinds=("embedding", "index"))),
-                **({"interval_loss": self.losses[-1]} if o.interval == "adaptive" else {})}
+                **({"interval_loss": self.losses[-1]} if o.interval == "adaptive" else {}), **self.spent()}
+
+    def spent(self) -> dict[str, float]:
+        """DP: epsilon so far for one node's data, over its client's uploads and its own releases at syncs
+        (all Gaussian events of one noise multiplier, composed), and each of the two alone."""
+        if self.rounds is None:
+            return {}
+        return {"epsilon": self.releases.epsilon(self.rounds.rates), "epsilon_model": self.rounds.epsilon(),
+                "epsilon_embedding": self.releases.epsilon()}
 
     def run_round(self, tau: int | None, mask_round: int) -> tuple[float | None, int]:
         """The chosen clients' local steps at interval ``tau`` (None: no sync) and the model average
@@ -632,6 +706,8 @@ class FedAAS(Protocol):
         steps = o.local_epochs * o.batches
         syncs = {j for j in range(steps) if tau is not None and j % tau == 0}
         chosen = self.sample_clients()
+        if self.rounds is not None:  # counted before any client releases its update
+            self.rounds.step(len(chosen) / len(self.clients))
         state = self.model.state_dict()
         serving = self.clients if syncs else chosen  # A13: owners not drawn serve with θ_t
         picked = set(chosen)
@@ -689,6 +765,9 @@ class FedAAS(Protocol):
                 {"remote": remote.get(c, {}).get("remote"), "counts": remote.get(c, {}).get("counts")}
                 for c in chosen], layer=layer)
             picks = {c: r for c, r in zip(chosen, replies) if r}
+            if self.releases is not None and self.opts.aggregate == "attention":  # one query per target
+                for c, r in picks.items():
+                    self.releases.record(self.own_ids[self.router.index[c]][torch.unique(r["targets"])])
             drawn = {c: self.draw(r) for c, r in picks.items()} if self.opts.phi is not None else {}
             routed = {c: {key: r[key][drawn[c]] if c in drawn else r[key] for key in ("targets", "ids")}
                       for c, r in picks.items()}
@@ -702,10 +781,22 @@ class FedAAS(Protocol):
                     queries.setdefault(self.clients[c], {})[trainer] = picks[trainer]["query"][span]
             served = dict(zip(owners, self.transport.call_many(owners, "serve", per_target=[
                 {"incoming": requests[c], "query": queries[c]} for c in owners], layer=layer)))
+            if self.releases is not None:
+                self.record_releases(routes, served)
             remote = {trainer: self.combine(route, served, routed[trainer]["ids"], trainer, drawn.get(trainer))
                       for trainer, route in routes.items()}
         self.transport.call_many(chosen, "finish", per_target=[
             {"remote": remote.get(c, {}).get("remote"), "counts": remote.get(c, {}).get("counts")} for c in chosen])
+
+    def record_releases(self, routes: dict, served: dict[str, dict]) -> None:
+        """DP: one release for every pick in a pair partial that was sent (not withheld), and one more
+        for its key when keys travel (attention sampling)."""
+        sent = "count" if self.opts.aggregate == "mean" else "shift"
+        for trainer, route in routes.items():
+            owners = [self.clients[c] for c in route.pair_counts.nonzero().flatten().tolist()]
+            released = torch.cat([served[c][sent][trainer] for c in owners]) > (0 if sent == "count" else -math.inf)
+            picks = route.pick_ids[released[route.pick_pair]]
+            self.releases.record(picks.repeat(2 if self.opts.sampling == "attention" else 1))
 
     def draw(self, reply: dict[str, Tensor]) -> Tensor:
         """The phi rule's remote half, at the server, the one party that knows every node's owner: of a
@@ -757,9 +848,10 @@ class FedAAS(Protocol):
         ledger = self.transport.ledger
         sent = sum(row["bytes"] for row in ledger.rows() if row["src"] != "server" and (
             row["kind"] == "model" or (row["method"] in EXCHANGE and row["kind"] in ("embedding", "index"))))
+        dp = {} if self.rounds is None else self.spent() | {"delta": self.rounds.delta}
         return {"bytes_embedding": ledger.total(methods=EXCHANGE, kinds=("embedding", "index")),
                 "bytes_model": ledger.total(kinds=("model",)), "bytes_code_convention": sent,
-                "tau_by_round": self.taus, **({"tau0": self.tau0, "tau0_grid": self.grid} if self.grid else {})}
+                "tau_by_round": self.taus, **({"tau0": self.tau0, "tau0_grid": self.grid} if self.grid else {})} | dp
 
     def predict(self, evaluator: Evaluator) -> Tensor:
         return evaluator.edge_logits(self.model)
@@ -767,7 +859,13 @@ class FedAAS(Protocol):
     def state_dict(self) -> dict[str, Any]:
         return super().state_dict() | {"model": self.model.state_dict(), "tau": self.tau, "tau0": self.tau0,
                                        "grid": dict(self.grid), "losses": list(self.losses), "taus": list(self.taus),
-                                       "personal": dict(self.personal)}
+                                       "personal": dict(self.personal)} | self.dp_state()
+
+    def dp_state(self) -> dict[str, Any]:
+        """The budget spent: rounds of uploads (their sampling rates) and every node's release count."""
+        if self.rounds is None:
+            return {}
+        return {"dp_rates": list(self.rounds.rates), "dp_releases": self.releases.releases.clone()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
@@ -775,6 +873,8 @@ class FedAAS(Protocol):
         self.tau, self.tau0, self.grid = state["tau"], state["tau0"], dict(state["grid"])
         self.losses, self.taus = state["losses"], state["taus"]
         self.personal = dict(state["personal"])
+        if self.rounds is not None:
+            self.rounds.rates, self.releases.releases = list(state["dp_rates"]), state["dp_releases"].clone()
 
 
 # ---- the baselines: presets of the same code (spec §5) --------------------------------------------

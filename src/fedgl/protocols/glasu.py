@@ -23,7 +23,10 @@ Section 3.5 (K = 1, K = L, ``graph: false``).
 With ``privacy.secure_aggregation`` (mean aggregation, local backward) every H_m^+ a client sends is
 fixed-point encoded and pairwise masked (``fedgl.privacy.secure_aggregation``), so the server learns
 only the mean it forwards. Every client receives every aggregation call, so each client counts its
-masked messages and the count, identical at all clients, freshens the masks.
+masked messages and the count, identical at all clients, freshens the masks. With ``privacy.dp`` each
+node's row of every H_m^+ a client sends (training and joint inference) is clipped to ``max_norm`` and
+noised before it leaves (before masking), and the server counts every node's releases
+(``ReleaseAccountant``, docs/privacy.md).
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ from ..models.split_vertical import (
     sample_below,
 )
 from ..partition import partition_vertical
+from ..privacy.dp import ReleaseAccountant, clip, gaussian, noise_generator
 from ..privacy.secure_aggregation import MaskedParty, MaskingClient, decode, encode, exchange_keys, ring_sum
 from ..optim import make_optimizer
 from .base import Protocol, ProtocolOptions
@@ -177,7 +181,13 @@ class GlasuClient(MaskedParty, Party):
         self._eval: ForwardPass | None = None
         self.masker = MaskingClient.create(index) if opts["secure_aggregation"] else None
         self.masked_sent = 0  # masked messages so far: the same count at every client
+        self.dp = opts["dp"]
+        self.noise = noise_generator(seed) if self.dp is not None else None
         self._reset()
+
+    def _release(self, h: Tensor) -> Tensor:
+        """H_m^+ as the others may see it: under DP every node's row clipped to ``max_norm`` and noised."""
+        return h if self.dp is None else gaussian(clip(h, self.dp.max_norm), self.dp, self.noise)
 
     def _send(self, h: Tensor) -> Tensor:
         """H_m^+ as it leaves the client: plain, or encoded and masked for secure aggregation."""
@@ -193,6 +203,7 @@ class GlasuClient(MaskedParty, Party):
         self.cursor: int | None = None
         self.run: ForwardPass | None = None
         self.own: Tensor | None = None  # H_m^+ at the current aggregation level, with its graph
+        self.shown: Tensor | None = None  # H_m^+ as sent (noised under DP), what the aggregate holds
         self.rest: dict[int, Tensor] = {}  # H_{-m} per aggregation level
         self.pending: float | None = None  # the label holder's first-step loss, already backpropagated
         self.sent: dict[int, Tensor] = {}  # exact backward: H_m^+ per aggregation level, with its graph
@@ -254,7 +265,8 @@ class GlasuClient(MaskedParty, Party):
         self.own = self.run.run_to(min(level for level in self.levels if level > self.run.level))
         if self.opts["backward"] == "exact":
             self.sent[self.run.level] = self.own
-        return self._send(self.own.detach())
+        self.shown = self._release(self.own.detach())
+        return self._send(self.shown)
 
     def _settle(self, h: Tensor) -> Tensor:
         """Keep H_{-m} = Extract(H, H_m^+) and continue from Agg(H_{-m}, H_m^+) (equal to H, with
@@ -266,7 +278,7 @@ class GlasuClient(MaskedParty, Party):
             self.received[level] = h
             self.run.resume(h)
             return h
-        rest = extract(h, self.own.detach(), self.index, self.num_clients, self.opts["aggregation"])
+        rest = extract(h, self.shown, self.index, self.num_clients, self.opts["aggregation"])
         self.rest[level] = rest
         mine = combine(rest, self.own, self.index, self.num_clients, self.opts["aggregation"])
         self.run.resume(mine)
@@ -385,7 +397,7 @@ class GlasuClient(MaskedParty, Party):
         out = self._eval.run_to(level)
         if level == self.L:
             self._eval = None
-        return {"h": self._send(out)} if above else {"logits": self.net.classify(out)}
+        return {"h": self._send(self._release(out))} if above else {"logits": self.net.classify(out)}
 
 
 class Glasu(Protocol):
@@ -420,10 +432,16 @@ class Glasu(Protocol):
         settings = {"S": opts.S, "Q": opts.Q, "batches": opts.batches, "sampling": opts.sampling,
                     "adjacency": opts.adjacency, "aggregation": opts.aggregation, "graph": opts.graph,
                     "backward": opts.backward, "lr_decay_every": opts.lr_decay_every, "lr_decay": opts.lr_decay,
-                    "secure_aggregation": cfg.privacy.secure_aggregation}
+                    "secure_aggregation": cfg.privacy.secure_aggregation, "dp": cfg.privacy.dp}
         if cfg.privacy.secure_aggregation and (opts.aggregation != "mean" or opts.backward != "local"):
             raise ConfigError("glasu: privacy.secure_aggregation sums the clients' representations, so it needs "
                               f"protocol.aggregation mean and backward local (got {opts.aggregation}, {opts.backward})")
+        if cfg.privacy.dp is not None and (opts.backward != "local" or self.holder is not None):
+            raise ConfigError("glasu: privacy.dp noises the representations clients send, not the gradients that "
+                              "backward exact or a label holder (partition.label_holder) sends; use backward local "
+                              "and labels at every client")
+        self.num_nodes = data.num_nodes
+        self.accountant = ReleaseAccountant(cfg.privacy.dp, data.num_nodes) if cfg.privacy.dp is not None else None
         # One client (centralized) holds everything: every aggregation is the identity, nothing is sent.
         self.alone = not self.levels or M == 1
         self.clients = self.transport.spawn(GlasuClient, [
@@ -458,13 +476,17 @@ class Glasu(Protocol):
             self.transport.call_many(self.clients, "train_alone")
             with self.transport.evaluation():
                 losses = self.transport.call_many(self.clients, "training_loss")
-            return {"train_loss": sum(losses) / len(losses)}
+            return {"train_loss": sum(losses) / len(losses), **self.spent()}
         losses, rows = [], 0
         for _ in range(self.opts.batches):
             loss, n = self._glasu_round()
             losses.append(loss)
             rows += n
-        return {"train_loss": sum(losses) / len(losses), "embedding_rows": float(rows)}
+        return {"train_loss": sum(losses) / len(losses), "embedding_rows": float(rows), **self.spent()}
+
+    def spent(self) -> dict[str, float]:
+        """DP: epsilon so far (the most released node's rows, every release a Gaussian event)."""
+        return {} if self.accountant is None else {"epsilon": self.accountant.epsilon()}
 
     def _glasu_round(self) -> tuple[float, int]:
         """One mini-batch: sampling with unions, joint inference, Q local updates. Returns the loss and
@@ -477,9 +499,13 @@ class Glasu(Protocol):
         else:
             top = t.call(clients[self.holder], "draw_batch")
             args = [{} if m == self.holder else {"targets": top} for m in range(len(clients))]
+        sets = [top]  # the common node set of every aggregation level, L first
         for _ in self.levels[:-1]:
             top = union(top, t.call_many(clients, "sample", per_target=args))
             args = [{"targets": top} for _ in clients]
+            sets.append(top)
+        if self.accountant is not None:  # every client sends one row per node of every level's set
+            self.accountant.record(torch.cat(sets))
         outs = t.call_many(clients, "forward", per_target=args)
         rows, stack = 0, []
         exact = self.opts.backward == "exact"
@@ -528,9 +554,26 @@ class Glasu(Protocol):
         t = self.transport
         if self.alone:
             return torch.stack([r["logits"] for r in t.call_many(self.heads, "infer")]).mean(0)
+        if self.accountant is not None:  # joint inference sends every node's row at every level
+            self.accountant.record(torch.arange(self.num_nodes).repeat(len(self.levels)))
         outs = t.call_many(self.clients, "infer")
         for level in self.levels:
             h = self._aggregate([o["h"] for o in outs])
             if level != self.levels[-1]:
                 outs = t.call_many(self.clients, "infer", h=h)
         return torch.stack([r["logits"] for r in t.call_many(self.heads, "infer", h=h)]).mean(0)
+
+    # ---- results and checkpoints -------------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        if self.accountant is None:
+            return {}
+        return {"epsilon": self.accountant.epsilon(), "delta": self.accountant.delta}
+
+    def state_dict(self) -> dict[str, Any]:
+        dp = {"dp_releases": self.accountant.releases.clone()} if self.accountant is not None else {}
+        return super().state_dict() | dp
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if self.accountant is not None:
+            self.accountant.releases = state["dp_releases"].clone()

@@ -34,10 +34,13 @@ from ..models.split_node import (
     laplacian_penalty,
     prepare_server_graph,
     project,
+    scratch,
     split_shape,
     support_gradient,
 )
 from ..partition import partition_node_level
+from ..privacy.config import DPConfig
+from ..privacy.dp import Accountant, clip, gaussian, noise_generator
 from ..optim import make_optimizer
 from .base import Protocol, ProtocolOptions
 
@@ -68,14 +71,17 @@ class UserPopulation(Party):
     """All users of the graph. Row i of every batched tensor is user i's private state."""
 
     def __init__(self, name: str, seed: int, user_x: Tensor, latent_dim: int, dropout: float, train: TrainConfig,
-                 decoupled_decay: bool, shared_init: bool, normalize_features: bool):
+                 decoupled_decay: bool, shared_init: bool, normalize_features: bool, dp: DPConfig | None = None):
         super().__init__(name, seed)
+        self.dp = dp  # with DP every latent is clipped and noised before it leaves its user (``release``)
+        self.noise = noise_generator(seed) if dp is not None else None
         self.features = UserFeatures.from_dense(user_x, normalize_features)
         self.weight, self.initial = init_support_weights(self.features, latent_dim, shared_init)
         self.optimizer = BatchedOptimizer(self.weight, self.features.row, self.features.num_users, train.optimizer,
                                           train.lr, train.weight_decay, decoupled_decay)
         self.dropout = dropout
         self.pending: tuple[Tensor | None, Tensor | None, Tensor | None] | None = None
+        self.scratch = scratch()
 
     def _selection(self, users: Tensor | None) -> tuple[Tensor | None, Tensor, int]:
         idx = self.features.entries(users)
@@ -91,7 +97,7 @@ class UserPopulation(Party):
             keep = torch.rand(pos.numel()) >= self.dropout
             scale = keep.float() / (1 - self.dropout)
         self.pending = (users, idx, scale)
-        return project(self.features, self.weight, idx, pos, scale, rows)
+        return self.release(project(self.features, self.weight, idx, pos, scale, rows))
 
     @rpc(grad=Rows("gradient"), users="index")
     def update(self, grad: Tensor, users: Tensor | None = None) -> None:
@@ -100,13 +106,23 @@ class UserPopulation(Party):
             raise RuntimeError("update must follow embed for the same users")
         _, idx, scale = self.pending
         pos = self.features.positions(users, idx)
-        self.optimizer.step(self.weight, support_gradient(self.features, grad, idx, pos, scale), idx, users)
+        rows = self.scratch(pos.numel(), grad.size(1), grad.dtype)
+        self.optimizer.step(self.weight, support_gradient(self.features, grad, idx, pos, scale, rows), idx, users)
         self.pending = None
 
     @rpc(returns=Rows("embedding"))
     def infer(self) -> Tensor:
-        """Every user's latent without dropout, for scoring."""
-        return project(self.features, self.weight, None, self.features.row, None, self.features.num_users)
+        """Every user's latent without dropout, for scoring (noised too under DP: it reaches the server)."""
+        return self.release(project(self.features, self.weight, None, self.features.row, None,
+                                    self.features.num_users))
+
+    def release(self, latents: Tensor) -> Tensor:
+        """What leaves the users: with DP, each user's latent clipped to ``max_norm`` plus Gaussian
+        noise (the server's gradient then flows back through the projection as if clipping and noise
+        were the identity)."""
+        if self.dp is None:
+            return latents
+        return gaussian(clip(latents.detach(), self.dp.max_norm), self.dp, self.noise)
 
     def state_nbytes(self) -> int:
         """Memory held for the users' weights, optimiser state and features."""
@@ -147,8 +163,9 @@ class NFedGNN(Protocol):
         self.users = self.transport.spawn(self.Users, [dict(
             name="users", seed=self.cfg.seed * 100_003 + 1, user_x=part.user_x, latent_dim=self.shape.latent_dim,
             dropout=self.opts.user_dropout, train=self.cfg.train, normalize_features=self.opts.normalize_features,
-            decoupled_decay=self.opts.user_weight_decay == "decoupled",
+            decoupled_decay=self.opts.user_weight_decay == "decoupled", dp=self.cfg.privacy.dp,
             **self.user_options())])[0]
+        self.accountant = Accountant(self.cfg.privacy.dp) if self.cfg.privacy.dp is not None else None
 
     def user_options(self) -> dict[str, Any]:
         return {"shared_init": self.opts.user_init == "shared"}
@@ -171,10 +188,12 @@ class NFedGNN(Protocol):
     # ---- one round ----------------------------------------------------------------------------------
     def train_round(self, round_index: int) -> dict[str, float]:
         users = self.sample_users()
+        if self.accountant is not None:  # each participant releases one noised latent
+            self.accountant.step(1.0 if users is None else users.numel() / self.num_users)
         latents = self.transport.call(self.users, "embed", users=users)
         stats, grad = self.server_step(latents, users)
         self.transport.call(self.users, "update", grad=grad, users=users)
-        return stats
+        return stats | ({"epsilon": self.accountant.epsilon()} if self.accountant is not None else {})
 
     def server_step(self, latents: Tensor, users: Tensor | None) -> tuple[dict[str, float], Tensor]:
         """Store the received latents, take one optimiser step on the server model and return the
@@ -197,11 +216,15 @@ class NFedGNN(Protocol):
         return dict(self.last_stats), grad
 
     def summary(self) -> dict[str, Any]:
-        """The last round's training loss, so bench tables can show whether a protocol fits its labels."""
-        return {f"final_{key}": value for key, value in self.last_stats.items()}
+        """The last round's training loss, so bench tables can show whether a protocol fits its labels;
+        with DP, epsilon at delta over every release (training and scoring)."""
+        dp = {"epsilon": self.accountant.epsilon(), "delta": self.accountant.delta} if self.accountant else {}
+        return {f"final_{key}": value for key, value in self.last_stats.items()} | dp
 
     @torch.no_grad()
     def predict(self, evaluator: Evaluator) -> Tensor:
+        if self.accountant is not None:  # scoring needs every user's latent: one more release each
+            self.accountant.step(1.0)
         latents = self.transport.call(self.users, "infer")
         self.server.eval()
         return self.server(latents, self.graph)
@@ -213,7 +236,7 @@ class NFedGNN(Protocol):
             "optimizer": self.server_optimizer.state_dict(),
             "latents": self.latents,
             "last_stats": self.last_stats,
-        }
+        } | ({"dp_rates": list(self.accountant.rates)} if self.accountant is not None else {})
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
@@ -221,3 +244,5 @@ class NFedGNN(Protocol):
         self.server_optimizer.load_state_dict(state["optimizer"])
         self.latents = state["latents"]
         self.last_stats = state["last_stats"]
+        if self.accountant is not None:
+            self.accountant.rates = list(state["dp_rates"])

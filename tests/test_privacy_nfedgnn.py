@@ -1,0 +1,65 @@
+"""nFedGNN with differential privacy: every latent a user sends (training and scoring) is clipped and
+noised, and epsilon counts every one of those releases."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedgl.config import build_config
+from fedgl.errors import ConfigError
+from fedgl.runner import Run, run
+
+BASE = {"dataset": {"options": {"num_nodes": 200}}, "train": {"rounds": 3}, "network": {"compute": "ignore"},
+        "protocol": {"name": "nfedgnn", "user_fraction": 0.5}}
+
+
+def dp(noise_multiplier: float, max_norm: float) -> dict:
+    return BASE | {"privacy": {"dp": {"noise_multiplier": noise_multiplier, "max_norm": max_norm}}}
+
+
+def first_latents(cfg: dict, tmp_path) -> torch.Tensor:
+    """The latents the users send in round 1."""
+    job = Run(build_config(cfg), tmp_path)
+    seen = []
+    job.transport.observers.append(
+        lambda r, src, dst, method, payload, evaluating: seen.append(payload) if method == "embed" and src == "users"
+        else None)
+    job.protocol.train_round(1)
+    return seen[0]
+
+
+def test_what_leaves_a_user_is_its_clipped_latent_plus_gaussian_noise(tmp_path):
+    plain = first_latents(BASE, tmp_path / "plain")
+    max_norm, sigma = 0.5, 0.3
+    sent = first_latents(dp(sigma / max_norm, max_norm), tmp_path / "dp")
+    norms = plain.norm(dim=1, keepdim=True)
+    assert bool((norms > max_norm).any())  # the bound binds
+    noise = sent - plain * (max_norm / norms.clamp_min(max_norm))
+    assert abs(float(noise.mean())) < 0.05 and float(noise.std()) == pytest.approx(sigma, rel=0.1)
+
+
+def test_negligible_noise_and_no_clipping_leave_the_run_as_it_was(tmp_path):
+    plain = run(build_config(BASE), tmp_path / "plain").metrics
+    private = run(build_config(dp(1e-9, 1e3)), tmp_path / "dp").metrics
+    for a, b in zip(plain, private):
+        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-4)
+        assert b["test_accuracy"] == pytest.approx(a["test_accuracy"], abs=1e-6)
+
+
+def test_epsilon_counts_every_training_and_scoring_release(tmp_path):
+    dp_accounting = pytest.importorskip("dp_accounting")
+    from dp_accounting import rdp
+
+    result = run(build_config(dp(1.2, 1.0) | {"train": {"rounds": 4}, "eval": {"every": 2}}), tmp_path)
+    accountant = rdp.RdpAccountant()
+    gaussian = dp_accounting.GaussianDpEvent(1.2)
+    accountant.compose(dp_accounting.PoissonSampledDpEvent(0.5, gaussian), 4)  # half the users, 4 rounds
+    accountant.compose(gaussian, 2)  # every user's latent, at the 2 scorings
+    assert result.summary["epsilon"] == pytest.approx(accountant.get_epsilon(1e-5), rel=1e-6)
+    assert result.summary["delta"] == 1e-5 and "epsilon" in result.metrics[-1]
+
+
+def test_cnfgnn_refuses_dp_its_model_uploads_would_escape():
+    with pytest.raises(ConfigError, match="protocol cnfgnn does not implement it"):
+        build_config(dp(1.0, 1.0) | {"protocol": {"name": "cnfgnn"}})
