@@ -1,5 +1,5 @@
-"""nFedGNN with differential privacy: every latent a user sends (training and scoring) is clipped and
-noised, and epsilon counts every one of those releases."""
+"""nFedGNN and CNFGNN with differential privacy: every latent a user sends (training and scoring), and
+CNFGNN's every weight upload, is clipped and noised, and epsilon counts every one of those releases."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from fedgl.config import build_config
-from fedgl.errors import ConfigError
 from fedgl.runner import Run, run
 
 BASE = {"dataset": {"options": {"num_nodes": 200}}, "train": {"rounds": 3}, "network": {"compute": "ignore"},
@@ -60,6 +59,30 @@ def test_epsilon_counts_every_training_and_scoring_release(tmp_path):
     assert result.summary["delta"] == 1e-5 and "epsilon" in result.metrics[-1]
 
 
-def test_cnfgnn_refuses_dp_its_model_uploads_would_escape():
-    with pytest.raises(ConfigError, match="protocol cnfgnn does not implement it"):
-        build_config(dp(1.0, 1.0) | {"protocol": {"name": "cnfgnn"}})
+def test_a_cnfgnn_upload_is_the_adopted_weight_plus_a_clipped_noised_update(tmp_path):
+    """Round 1's uploads against the plain run's: the same adopted weight, the update clipped to
+    max_norm over the whole matrix, plus noise of the configured std; epsilon counts a latent and an
+    upload per round."""
+    cnfgnn = {"protocol": {"name": "cnfgnn"}, "train": {"rounds": 1}}
+
+    def uploads(cfg: dict, folder) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        job = Run(build_config(cfg), folder)
+        seen = []
+        job.transport.observers.append(lambda r, src, dst, method, payload, evaluating: seen.append(payload)
+                                       if method == "upload" and src == "users" else None)
+        reference = job.transport.snapshot()["users"]["reference"].clone()
+        stats = job.protocol.train_round(1)
+        return torch.cat(seen), reference, stats
+
+    plain, reference, _ = uploads(BASE | cnfgnn, tmp_path / "plain")
+    max_norm, sigma = 0.05, 0.02
+    sent, same_reference, stats = uploads(dp(sigma / max_norm, max_norm) | cnfgnn, tmp_path / "dp")
+    assert torch.equal(reference, same_reference)
+    update = (plain - reference).flatten(1)
+    norms = update.norm(dim=1, keepdim=True)
+    assert bool((norms > max_norm).any())
+    noise = (sent - reference).flatten(1) - update * (max_norm / norms.clamp_min(max_norm))
+    assert abs(float(noise.mean())) < 1e-3 and float(noise.std()) == pytest.approx(sigma, rel=0.05)
+    from fedgl.privacy.dp import epsilon
+
+    assert stats["epsilon"] == pytest.approx(epsilon(sigma / max_norm, [1.0, 1.0], 1e-5), rel=1e-9)

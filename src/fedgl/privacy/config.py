@@ -26,8 +26,9 @@ SUPPORTED: dict[str, tuple[str, ...]] = {
     "swift": ("secure_aggregation", "dp"),
     "fedgnn-g": ("secure_aggregation", "dp"),
     "fedgnn-pns": ("secure_aggregation", "dp"),
-    # nFedGNN: DP on every latent a user sends (CNFGNN's model uploads are not covered: it refuses)
+    # nFedGNN: DP on every latent a user sends; CNFGNN also on every weight a user uploads
     "nfedgnn": ("dp",),
+    "cnfgnn": ("dp",),
 }
 
 

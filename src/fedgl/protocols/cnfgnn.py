@@ -17,6 +17,7 @@ from torch import Tensor
 
 from ..comm import Rows, rpc
 from ..models.split_node import BatchedOptimizer, pick
+from ..privacy.dp import clip, gaussian
 from .nfedgnn import NFedGNN, SplitOptions, UserPopulation
 
 MB = 2**20
@@ -43,6 +44,7 @@ class ModelSharingUsers(UserPopulation):
     def __init__(self, name: str, seed: int, **kwargs: Any):
         super().__init__(name, seed, **kwargs)
         self.common = self.initial
+        self.reference = self.initial.clone()  # the last weight every user adopted (DP: updates are from it)
         self.common_optimizer = BatchedOptimizer(
             self.common, torch.zeros(self.common.size(0), dtype=torch.long), 1, kwargs["train"].optimizer,
             kwargs["train"].lr, kwargs["train"].weight_decay, kwargs["decoupled_decay"])
@@ -54,11 +56,15 @@ class ModelSharingUsers(UserPopulation):
 
     @rpc(users="index", returns=Rows("model"))
     def upload(self, users: Tensor | None = None) -> Tensor:
-        """Each listed user's full ``[F, D]`` weight."""
+        """Each listed user's full ``[F, D]`` weight; with DP, the last adopted weight plus the user's
+        update from it, clipped to ``max_norm`` (L2 over the whole matrix) and noised."""
         idx, pos, rows = self._selection(users)
         out = self.common.expand(rows, *self.common.shape).clone()
         out[pos, pick(self.features.col, idx)] = pick(self.weight, idx)
-        return out
+        if self.dp is None:
+            return out
+        update = (out - self.reference).flatten(1)
+        return self.reference + gaussian(clip(update, self.dp.max_norm), self.dp, self.noise).view_as(out)
 
     @rpc(model=Rows("model"), users="index")
     def receive(self, model: Tensor, users: Tensor | None = None) -> None:
@@ -70,6 +76,7 @@ class ModelSharingUsers(UserPopulation):
         else:
             self.weight.index_copy_(0, idx, rows)
         self.common.copy_(model[0])
+        self.reference = model[0].clone()
 
     def state_nbytes(self) -> int:
         return (super().state_nbytes() + self.common.element_size() * self.common.numel()
@@ -97,6 +104,9 @@ class CNFGNN(NFedGNN):
         return list(torch.arange(self.num_users).split(size))
 
     def train_round(self, round_index: int) -> dict[str, float]:
+        if self.accountant is not None:  # every user releases a noised latent and a noised weight update
+            self.accountant.step(1.0)
+            self.accountant.step(1.0)
         latents = self.transport.call(self.users, "embed")
         stats, grad = self.server_step(latents, None)
         self.transport.call(self.users, "update", grad=grad)
@@ -108,4 +118,4 @@ class CNFGNN(NFedGNN):
             for c in chunks:
                 rows = self.num_users if c is None else c.numel()
                 self.transport.call(self.users, "receive", model=average.expand(rows, *average.shape), users=c)
-        return stats
+        return stats | ({"epsilon": self.accountant.epsilon()} if self.accountant is not None else {})
