@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pickle
 import secrets
 import shutil
 import signal
@@ -24,6 +23,7 @@ from fedgl.cli import main
 from fedgl.comm.shard_file import load_party
 from fedgl.config import build_config
 from fedgl.deployment import MANIFEST, write_shards
+from fedgl.errors import ConfigError
 from fedgl.runner import run
 
 BASE = {"dataset": {"options": {"num_nodes": 150}}, "partition": {"num_clients": 3}, "train": {"rounds": 2},
@@ -94,11 +94,14 @@ def test_partition_command_and_one_line_errors(tmp_path, capsys, monkeypatch):
         def __reduce__(self):
             return (os.system, (f"touch {marker}",))
 
-    (shards / "client1.pt").write_bytes(pickle.dumps({"class": "x", "kwargs": Hostile()}))
+    torch.save({"class": "x", "kwargs": Hostile()}, shards / "client1.pt")
     code = main(["run", "--set", "partition.num_clients=3", "--set", "protocol.group_size=1", "--quiet",
                  "--set", f"backend.shards={shards}", "--out", str(tmp_path / "r2")])
-    err = capsys.readouterr().err
-    assert code == 2 and "client1.pt" in err and len(err.strip().splitlines()) == 1 and not marker.exists()
+    err = capsys.readouterr().err  # the manifest's hash catches the swap before anything is read
+    assert code == 2 and "client1.pt" in err and "SHA-256" in err and len(err.strip().splitlines()) == 1
+    with pytest.raises(ConfigError, match="holds objects other than tensors"):  # and unpickling refuses code
+        load_party(shards / "client1.pt", "fedgl.protocols.fedavg:FedAvgClient")
+    assert not marker.exists()
     assert main(["run", "--set", f"backend.shards={tmp_path / 'nowhere'}", "--quiet",
                  "--out", str(tmp_path / "r3")]) == 2
     assert "fedgl partition" in capsys.readouterr().err
@@ -107,7 +110,7 @@ def test_partition_command_and_one_line_errors(tmp_path, capsys, monkeypatch):
 def test_a_party_file_from_another_party_class_is_refused(tmp_path):
     manifest = write_shards(build_config(settings("fedavg")), tmp_path / "shards")
     path = tmp_path / "shards" / manifest["parties"][0]["file"]
-    with pytest.raises(Exception, match="the manifest says"):
+    with pytest.raises(ConfigError, match="the manifest says"):
         load_party(path, "fedgl.protocols.glasu:GlasuClient")
 
 

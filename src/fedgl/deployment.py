@@ -178,6 +178,6 @@ def deploy(cfg: RunConfig, transport: Transport) -> tuple[Any, Any]:
                           f"({first_line(err)})") from None
     for party in manifest["parties"]:
         transport.spawn_from_file(party["name"], own_class(party["class"]), party["class"],
-                                  shard_path(cfg, party["name"], party["file"]))
+                                  shard_path(cfg, party["name"], party["file"]), party["sha256"])
     evaluator = transport.evaluator_from_file(shard_path(cfg, EVALUATOR_PARTY, manifest["evaluator"]["file"]))
     return protocol, evaluator

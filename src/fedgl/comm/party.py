@@ -95,11 +95,11 @@ class PartyGroup:
     def add(self, name: str, cls: type[Party], kwargs: dict[str, Any]) -> None:
         self.parties[name] = cls.create(**kwargs)
 
-    def add_from_file(self, name: str, cls_path: str, path: str) -> None:
+    def add_from_file(self, name: str, cls_path: str, path: str, sha256: str | None = None) -> None:
         """Make party ``name`` from its own shard file, read here (deployment: on the party's node)."""
         from .shard_file import load_party
 
-        cls, kwargs = load_party(path, cls_path)
+        cls, kwargs = load_party(path, cls_path, sha256)
         self.parties[name] = cls.create(**kwargs)
 
     def snapshot(self) -> dict[str, dict[str, Any]]:

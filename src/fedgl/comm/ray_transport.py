@@ -154,9 +154,9 @@ class RayTransport(Transport):
         self._specs[name] = ("add", (name, cls, kwargs))
         self._ray.get(self._send(self._hosts[self._place(name)], "add", name, cls, kwargs))
 
-    def _create_from_file(self, name: str, cls_path: str, path: str) -> None:
-        self._specs[name] = ("add_from_file", (name, cls_path, path))
-        self._gather({0: self._send(self._hosts[self._place(name)], "add_from_file", name, cls_path, path)})
+    def _create_from_file(self, name: str, cls_path: str, path: str, sha256: str | None) -> None:
+        self._specs[name] = ("add_from_file", (name, cls_path, path, sha256))
+        self._gather({0: self._send(self._hosts[self._place(name)], "add_from_file", name, cls_path, path, sha256)})
 
     def _new_host(self, node: str | None) -> Any:
         return self._pinned(PartyHost, node).remote(torch.get_num_threads())

@@ -5,6 +5,7 @@ Kept in ``comm`` because a party host reads its own file itself: the driver neve
 
 from __future__ import annotations
 
+import hashlib
 import pickle
 from pathlib import Path
 from typing import Any
@@ -31,9 +32,16 @@ def read_shard_file(path: Path, what: str) -> Any:
         raise ConfigError(f"{what} {path} is not a readable fedgl shard file ({type(err).__name__})") from None
 
 
-def load_party(path: str | Path, expected: str) -> tuple[type[Party], dict[str, Any]]:
+def load_party(path: str | Path, expected: str, sha256: str | None = None) -> tuple[type[Party], dict[str, Any]]:
     """The class (which must be ``expected``, a ``module:qualname``) and constructor arguments of a
-    party, from its own shard file."""
+    party, from its own shard file, whose SHA-256 must be ``sha256`` (the manifest's) when given."""
+    if sha256 is not None:
+        try:
+            digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        except OSError as err:
+            raise ConfigError(f"party shard {path} cannot be read ({err.strerror or err})") from None
+        if digest != sha256:
+            raise ConfigError(f"party shard {path} is not the file the manifest lists (its SHA-256 differs)")
     saved = read_shard_file(Path(path), "party shard")
     try:
         if saved["class"] != expected:

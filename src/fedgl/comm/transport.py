@@ -91,16 +91,16 @@ class Transport:
         self.idle()
         return names
 
-    def spawn_from_file(self, name: str, cls: type[Party], cls_path: str, path: str) -> None:
-        """Make party ``name`` (a ``cls``) from its own shard file, which the party reads where it
-        lives; the file never passes through here (deployment, ``fedgl partition``)."""
+    def spawn_from_file(self, name: str, cls: type[Party], cls_path: str, path: str, sha256: str | None = None) -> None:
+        """Make party ``name`` (a ``cls``) from its own shard file, which the party reads (and checks
+        against ``sha256``) where it lives; the file never passes through here (deployment)."""
         if name in self._classes or name == SERVER:
             raise ValueError(f"party name {name!r} is taken")
         self._classes[name] = cls
-        self._create_from_file(name, cls_path, path)
+        self._create_from_file(name, cls_path, path, sha256)
         self.idle()
 
-    def _create_from_file(self, name: str, cls_path: str, path: str) -> None:
+    def _create_from_file(self, name: str, cls_path: str, path: str, sha256: str | None) -> None:
         raise NotImplementedError
 
     def evaluator_from_file(self, path: str) -> Any:
@@ -228,8 +228,8 @@ class LocalTransport(Transport):
     def _create(self, name: str, cls: type[Party], kwargs: dict[str, Any]) -> None:
         self._group.add(name, cls, kwargs)
 
-    def _create_from_file(self, name: str, cls_path: str, path: str) -> None:
-        self._group.add_from_file(name, cls_path, path)
+    def _create_from_file(self, name: str, cls_path: str, path: str, sha256: str | None) -> None:
+        self._group.add_from_file(name, cls_path, path, sha256)
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         return self._group.snapshot()
