@@ -25,8 +25,9 @@ committed).
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
+
+from privacy_tables import markdown_rows, write_results
 
 RESULTS = Path(__file__).parent / "results"
 SEED = 0
@@ -91,10 +92,7 @@ def table(protocol: str, rows: list[dict]) -> tuple[list[dict], str]:
         entry |= {column: f"{100 * row[column]:.2f}" for column in COLUMNS[protocol]}
         entry["MB_total"] = f"{row['bytes_total'] / 1e6:.2f}"
         out.append(entry)
-    header = list(out[0])
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(entry[h]) for h in header) + " |" for entry in out]
-    return out, "\n".join(lines) + "\n"
+    return out, "\n".join(markdown_rows(out)) + "\n"
 
 
 def main() -> None:
@@ -104,11 +102,7 @@ def main() -> None:
     out = RESULTS / f"privacy-dp-{protocol}-cora"
     out.mkdir(parents=True, exist_ok=True)
     rows = run_all(protocol, out)
-    (out / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
-    summary, markdown = table(protocol, rows)
-    (out / "table.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False) + "\n")
-    (out / "table.md").write_text(markdown)
-    print(markdown)
+    write_results(out, rows, *table(protocol, rows))
 
 
 if __name__ == "__main__":

@@ -12,9 +12,10 @@ benchmarks/results/privacy-fedavg-cora/; each run's folder goes to runs/ there (
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
+
+from privacy_tables import markdown_rows, mean_std, write_results
 
 OUT = Path(__file__).parent / "results" / "privacy-fedavg-cora"
 SEEDS = (0, 1, 2)
@@ -53,12 +54,6 @@ def run_all() -> list[dict]:
     return rows
 
 
-def mean_std(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
-    values = [v * scale for v in values]
-    std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.{digits}f} ± {std:.{digits}f}"
-
-
 def table(rows: list[dict]) -> tuple[list[dict], str]:
     out = []
     for label, privacy in variants():
@@ -74,26 +69,19 @@ def table(rows: list[dict]) -> tuple[list[dict], str]:
             "final_test_accuracy": mean_std([r["final_test_accuracy"] for r in runs], 100),
             "MB_total": f"{statistics.mean(r['bytes_total'] for r in runs) / 1e6:.2f}",
         })
-    header = list(out[0])
     lines = ["# privacy-fedavg-cora", "",
              f"FedAvg on Cora, 10 METIS clients, GCN 64 hidden, 3 local epochs, {ROUNDS} rounds, every client in "
              f"every round. DP: each client clips its update to L2 norm {MAX_NORM:g} and adds Gaussian noise of std "
              f"noise_multiplier x max_norm; epsilon from dp-accounting's RDP accountant after the last round. "
              f"Test accuracy (%) at the best validation round and at the last round.", "",
-             f"Mean ± std over {len(SEEDS)} seeds.", "",
-             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(row[h]) for h in header) + " |" for row in out]
+             f"Mean ± std over {len(SEEDS)} seeds.", "", *markdown_rows(out)]
     return out, "\n".join(lines) + "\n"
 
 
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     rows = run_all()
-    (OUT / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
-    summary, markdown = table(rows)
-    (OUT / "table.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False) + "\n")
-    (OUT / "table.md").write_text(markdown)
-    print(markdown)
+    write_results(OUT, rows, *table(rows))
 
 
 if __name__ == "__main__":

@@ -13,9 +13,10 @@ there (not committed). About six minutes on two cores.
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
+
+from privacy_tables import markdown_rows, mean_std, write_results
 
 OUT = Path(__file__).parent / "results" / "privacy-swift-cora"
 SEEDS = (0, 1)
@@ -55,12 +56,6 @@ def run_all() -> list[dict]:
     return rows
 
 
-def mean_std(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
-    values = [v * scale for v in values]
-    std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.{digits}f} ± {std:.{digits}f}"
-
-
 def table(rows: list[dict]) -> tuple[list[dict], str]:
     out = []
     for label, privacy in variants():
@@ -76,27 +71,20 @@ def table(rows: list[dict]) -> tuple[list[dict], str]:
             "MB_total": f"{statistics.mean(r['bytes_total'] for r in runs) / 1e6:.2f}",
             "MB_cross_client": f"{statistics.mean(r['bytes_cross_client'] for r in runs) / 1e6:.2f}",
         })
-    header = list(out[0])
     lines = ["# privacy-swift-cora", "",
              f"Swift-FedGNN on Cora, 10 METIS clients, GraphSAGE 64 hidden, batch 64, fanouts 10/5, I=2, K=5, "
              f"{ROUNDS} iterations. DP: every row an owner sums for another client is clipped to L2 norm "
              f"{MAX_NORM:g} and each partial sum gets Gaussian noise of std noise_multiplier x max_norm; epsilon "
              f"from dp-accounting's RDP accountant for the node whose row went into the most noised sums. Test "
              f"accuracy (%) at the best validation round and at the last round.", "",
-             f"Mean ± std over {len(SEEDS)} seeds.", "",
-             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(row[h]) for h in header) + " |" for row in out]
+             f"Mean ± std over {len(SEEDS)} seeds.", "", *markdown_rows(out)]
     return out, "\n".join(lines) + "\n"
 
 
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     rows = run_all()
-    (OUT / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
-    summary, markdown = table(rows)
-    (OUT / "table.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False) + "\n")
-    (OUT / "table.md").write_text(markdown)
-    print(markdown)
+    write_results(OUT, rows, *table(rows))
 
 
 if __name__ == "__main__":
