@@ -5,6 +5,7 @@ requested homophily."""
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import shutil
 import time
@@ -25,6 +26,7 @@ from fedgl.data import (
     make_csbm,
     resolve_data_root,
 )
+from fedgl.data.splits import parse_split, split_masks
 from fedgl.errors import DataError
 
 DATA_ROOT = os.environ.get("FEDGL_DATA_ROOT")
@@ -303,6 +305,17 @@ def test_ratio_split_is_stratified() -> None:
         assert torch.all((per_class - ratio * counts).abs() <= 1)
     assert abs(int(sum(m.sum() for m in masks_of(data))) - 0.9 * data.num_nodes) <= counts.numel()
     assert_disjoint(data)
+
+
+@pytest.mark.parametrize(("split", "cut"), [("ratio:0.8,0.1,0.1", round), ("ratio-floor:0.8,0.1,0.1", math.floor)])
+def test_ratio_splits_cut_each_class_rounded_or_truncated(split: str, cut) -> None:
+    """Per class, the training set holds cut(0.8 n_c) nodes and validation cut(0.9 n_c) - cut(0.8 n_c)."""
+    y = torch.tensor([0] * 7 + [1] * 13 + [2] * 19)  # 0.8 n_c = 5.6, 10.4, 15.2: round and floor differ
+    train, val, test = split_masks(y, parse_split(split), seed=3, dataset="toy")
+    for c, n in enumerate((7, 13, 19)):
+        assert int(train[y == c].sum()) == cut(0.8 * n)
+        assert int(val[y == c].sum()) == cut(0.9 * n) - cut(0.8 * n)
+        assert int(test[y == c].sum()) == n - cut(0.9 * n)
 
 
 @needs_data

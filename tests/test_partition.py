@@ -450,7 +450,8 @@ def test_server_shard_holds_the_held_out_nodes_and_the_edges_among_them(client_n
     assert partition_horizontal(data, 3, "stratified", seed=0).server_shard is None
 
 
-@pytest.mark.parametrize(("name", "split", "paper_vk"), [("cs", "ratio:0.8,0.1,0.1", 293), ("pubmed", "full", 364)])
+@pytest.mark.parametrize(("name", "split", "paper_vk"), [("cs", "ratio:0.8,0.1,0.1", 293), ("pubmed", "full", 364),
+                                                           ("computers", "ratio-floor:0.8,0.1,0.1", 219)])
 def test_fedaas_table1_client_sizes(data_root: Path, name: str, split: str, paper_vk: int) -> None:
     """V_k of FedAAS's Table 1: 50 stratified clients holding training nodes only."""
     from fedgl.data import load_dataset

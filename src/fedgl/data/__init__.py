@@ -85,7 +85,8 @@ def load_dataset(name: str, root: str | None = None, *, split: str = "default", 
     ``root`` is the data root (else ``$FEDGL_DATA_ROOT``, else the default download folder),
     ``cache_dir`` where processed files go (else ``$FEDGL_CACHE``, else ``~/.cache/fedgl``).
     ``split`` is one of ``'default'``, ``'public[:i]'``/``'geom-gcn[:i]'``, ``'random'``
-    (``train_per_class``/``num_val``/``num_test``), ``'full'`` or ``'ratio:a,b,c'``; ``seed``
+    (``train_per_class``/``num_val``/``num_test``), ``'full'``, ``'ratio:a,b,c'`` or
+    ``'ratio-floor:a,b,c'`` (per-class cuts truncated, not rounded); ``seed``
     fixes every random split and, for ``'synthetic'``, the graph itself. Keyword options
     beyond these go to :func:`make_csbm` and are only valid for ``'synthetic'``.
     The returned tensors are copies, so callers may modify them freely.

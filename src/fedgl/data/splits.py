@@ -20,7 +20,7 @@ DEFAULT_RATIOS = (0.6, 0.2, 0.2)
 
 FIXED_SPLIT_NAMES = ("public", "geom-gcn")
 SPLIT_FORMS = ("'default', 'public' or 'public:i' (chameleon/squirrel also 'geom-gcn:i'), "
-               "'random', 'full', 'ratio:train,val,test'")
+               "'random', 'full', 'ratio:train,val,test' or 'ratio-floor:train,val,test'")
 
 Masks = tuple[Tensor, Tensor, Tensor]
 
@@ -33,6 +33,7 @@ class SplitRequest:
     fixed_name: str = ""
     index: int = 0
     ratios: tuple[float, float, float] = DEFAULT_RATIOS
+    floor: bool = False
 
 
 def _bad_split(split: object, reason: str = "") -> DataError:
@@ -53,7 +54,7 @@ def parse_split(split: str) -> SplitRequest:
         if not tail.isdigit():
             raise _bad_split(split, " (the split index must be a non-negative integer)")
         return SplitRequest("fixed", head, int(tail))
-    if head == "ratio":
+    if head in ("ratio", "ratio-floor"):
         try:
             ratios = tuple(float(part) for part in tail.split(","))
         except ValueError:
@@ -61,7 +62,7 @@ def parse_split(split: str) -> SplitRequest:
         if len(ratios) != 3 or min(ratios) < 0 or ratios[0] == 0 or sum(ratios) > 1 + 1e-9:
             raise _bad_split(split, " (ratio needs three fractions >= 0 with train > 0 and "
                                     "sum <= 1)")
-        return SplitRequest("ratio", ratios=ratios)
+        return SplitRequest("ratio", ratios=ratios, floor=head == "ratio-floor")
     raise _bad_split(split)
 
 
@@ -78,11 +79,13 @@ def _class_ranks(y: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]
 
 
 def stratified_split(y: Tensor, ratios: tuple[float, float, float],
-                     generator: torch.Generator) -> Masks:
-    """Cut each class at the cumulative ``ratios`` (rounded per class)."""
+                     generator: torch.Generator, floor: bool = False) -> Masks:
+    """Cut each class at the cumulative ``ratios``, rounded per class to the nearest node, or
+    truncated (``floor``: what ``int(n * ratio)`` per class gives)."""
     ranks, counts = _class_ranks(y, generator)
     cumulative = torch.cumsum(torch.tensor(ratios, dtype=torch.float64), 0)
-    bounds = torch.round(cumulative * counts.unsqueeze(1)).long()
+    cut = torch.floor if floor else torch.round
+    bounds = cut(cumulative * counts.unsqueeze(1)).long()
     bounds = torch.minimum(bounds, counts.unsqueeze(1))[y]
     train = ranks < bounds[:, 0]
     val = (ranks >= bounds[:, 0]) & (ranks < bounds[:, 1])
@@ -143,7 +146,7 @@ def split_masks(y: Tensor, request: SplitRequest, *, seed: int, dataset: str,
     if request.kind == "random":
         return per_class_split(y, train_per_class, num_val, num_test, generator)
     if request.kind == "ratio":
-        return stratified_split(y, request.ratios, generator)
+        return stratified_split(y, request.ratios, generator, request.floor)
     if fixed is None:
         default = stratified_split(y, DEFAULT_RATIOS, generator)
     else:
