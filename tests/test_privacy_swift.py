@@ -95,7 +95,10 @@ def test_secure_swift_ends_where_plain_swift_ends(tmp_path, protocol, model):
             assert secure_row[key] == pytest.approx(row[key], abs=1e-5), key
     kinds, plain_kinds = job.result.summary["bytes_by_kind"], plain_job.result.summary["bytes_by_kind"]
     assert kinds["embedding"] > plain_kinds["embedding"] and kinds["control"] > plain_kinds["control"]
-    assert kinds["model"] == plain_kinds["model"] and kinds["gradient"] == plain_kinds["gradient"]
+    # Each gradient upload is masked as int64 (twice float32's bytes) with two more entries: count and loss.
+    replies = [p for _, src, _, m, p in secure if src != "server" and m in ("begin", "finish")]
+    assert sum("masked" in p for p in replies) == M * 3 and not any("gradient" in p for p in replies)
+    assert kinds["model"] == plain_kinds["model"] and kinds["gradient"] == 2 * plain_kinds["gradient"] + 16 * M * 3
     keys = [m for _, _, _, m, _ in secure if m in ("request_keys", "request_peers")]
     assert keys and job.result.summary["bytes_cross_client"] > plain_job.result.summary["bytes_cross_client"]
 
@@ -139,6 +142,22 @@ def test_what_the_server_sees_of_the_sums_is_uniform_whatever_the_features(tmp_p
     assert stats.ks_2samp(views[0][0].flatten().double().numpy(), views[1][0].flatten().double().numpy()).pvalue > 1e-3
     plain_up, _ = sums_seen_by_server(config(protocol, seed=0, rounds=1, features=64), tmp_path / "plain")
     encoded = sa.encode(plain_up.double(), torch.ones(plain_up.size(0), dtype=torch.long), M)
+    assert stats.chisquare(np.bincount(top_bits(encoded), minlength=16)).pvalue < 1e-12
+
+
+def test_masked_gradient_uploads_are_uniform(tmp_path):
+    """Under secure aggregation every gradient the server receives is an int64 row uniform over the
+    ring; the plain gradients, encoded the same way, are not."""
+    protocol = {"name": "swift", "K": 2, "I": 2}
+    _, secure = observed(config(protocol, {"secure_aggregation": True}, rounds=2), tmp_path / "s")
+    masked = torch.cat([p["masked"] for _, src, _, m, p in secure
+                        if src != "server" and m in ("begin", "finish") and "masked" in p])
+    assert masked.dtype == torch.int64
+    assert stats.chisquare(np.bincount(top_bits(masked), minlength=16)).pvalue > 1e-3
+    _, plain = observed(config(protocol, rounds=2), tmp_path / "p")
+    grads = torch.cat([torch.cat([g.flatten() for g in p["gradient"].values()]) for _, src, _, m, p in plain
+                       if src != "server" and m in ("begin", "finish") and "gradient" in p])
+    encoded = sa.encode(grads.double().unsqueeze(0), torch.ones(1, dtype=torch.long), M)
     assert stats.chisquare(np.bincount(top_bits(encoded), minlength=16)).pvalue < 1e-12
 
 
@@ -198,8 +217,15 @@ def test_dp_clips_rows_noises_sums_and_reports_the_accountants_epsilon(tmp_path)
     assert int(releases.max()) > 1
     per_round = [row["epsilon"] for row in job.result.metrics]
     assert per_round == sorted(per_round) and per_round[0] < per_round[-1]
-    assert job.result.summary["epsilon"] == pytest.approx(epsilon(1e-6, [1.0] * int(releases.max()), 1e-5))
-    assert job.result.summary["delta"] == 1e-5
+    # every gradient upload clipped to max_norm too: one more release per iteration for every node
+    uploads = [torch.cat([g.flatten() for g in p["gradient"].values()]) for _, src, _, m, p in seen
+               if src != "server" and m in ("begin", "finish") and "gradient" in p]
+    assert len(uploads) == M * 3 and max(float(u.norm()) for u in uploads) <= 0.2 * (1 + 1e-3)
+    summary = job.result.summary
+    assert summary["epsilon"] == pytest.approx(epsilon(1e-6, [1.0] * (3 + int(releases.max())), 1e-5))
+    assert summary["epsilon_embedding"] == pytest.approx(epsilon(1e-6, [1.0] * int(releases.max()), 1e-5))
+    assert summary["epsilon_model"] == pytest.approx(epsilon(1e-6, [1.0] * 3, 1e-5))
+    assert summary["delta"] == 1e-5
     # noise of std noise_multiplier x max_norm: a large noise changes what the trainers learn
     noisy, _ = observed(config({"name": "fedgnn-g", "fanouts": [3, 3]}, {"dp": {"noise_multiplier": 50.0,
                                                                                   "max_norm": 1.0}}), tmp_path / "n")

@@ -60,8 +60,9 @@ from ..models import Backbone, select_rows
 from ..models.graph import canonical_model_name, feature_dropout, feature_linear
 from ..partition import horizontal_from_config
 from ..privacy import PrivacyConfig
-from ..privacy.dp import ReleaseAccountant, clip, gaussian
-from ..privacy.secure_aggregation import RequestMasking, decode, encode
+from ..privacy.dp import Accountant, ReleaseAccountant, clip, gaussian, noise_generator
+from ..privacy.secure_aggregation import (MaskedParty, MaskingClient, RequestMasking, decode, encode,
+                                          exchange_keys, ring_sum)
 from ..sampling import CSR
 from ..optim import make_model, make_optimizer
 from .base import Protocol, ProtocolOptions
@@ -223,14 +224,17 @@ class Plan:
 
 
 # ---- the client ----------------------------------------------------------------------------------
-class CrossClient(HorizontalClient):
+class CrossClient(MaskedParty, HorizontalClient):
     """A client holding one horizontal shard: trains on it and serves partial sums to others."""
 
     def __init__(self, name: str, seed: int, shard: Any, model: ModelConfig, train: TrainConfig,
                  num_features: int, num_classes: int, batch_size: int | None, fanouts: list[int],
-                 min_aggregate: int = 2, remote_backprop: bool = False, privacy: PrivacyConfig | None = None):
+                 min_aggregate: int = 2, remote_backprop: bool = False, privacy: PrivacyConfig | None = None,
+                 index: int = 0):
         super().__init__(name, seed, shard, model, num_features, num_classes)
         self.privacy = privacy or PrivacyConfig()
+        self.masker = MaskingClient.create(index) if self.privacy.secure_aggregation else None
+        self.noise = noise_generator(seed) if self.privacy.dp is not None else None
         self.train_cfg = train
         self.batch_size = batch_size
         self.fanouts = list(fanouts)
@@ -290,22 +294,42 @@ class CrossClient(HorizontalClient):
         grads = {name: p.grad.detach().clone() for name, p in self.model.named_parameters()}
         return {"gradient": grads, "loss": float(loss.detach())}
 
+    def _upload(self, out: dict[str, Any], round_index: int | None) -> dict[str, Any]:
+        """The gradient as it leaves the client: with DP clipped to ``max_norm`` and noised; with secure
+        aggregation the fixed-point row ``[w * gradient, w, w * loss]`` (w = 1, or 0 for a client
+        without training nodes), masked with every other client's pairwise masks for this iteration."""
+        if not self.privacy.requested():
+            return out
+        flat = torch.cat([g.flatten() for g in out["gradient"].values()]) if out else \
+            torch.cat([p.detach().flatten() for p in self.model.parameters()]).zero_()
+        if self.privacy.dp is not None and out:
+            flat = gaussian(clip(flat.unsqueeze(0), self.privacy.dp.max_norm)[0], self.privacy.dp, self.noise)
+        if self.masker is None:
+            sizes = [g.numel() for g in out["gradient"].values()]
+            return out | {"gradient": {name: part.view_as(g) for (name, g), part in
+                                       zip(out["gradient"].items(), flat.split(sizes))}}
+        values = torch.cat([flat.double(), torch.tensor([1.0, out.get("loss", 0.0)], dtype=torch.float64)])
+        encoded = encode(values.unsqueeze(0), torch.tensor([1 if out else 0]), self.masker.num_clients)
+        return {"masked": self.masker.mask(encoded[0], None, round_index)}
+
     # ---- remote calls --------------------------------------------------------------------------
-    @rpc(state="model", returns={"gradient": "gradient", "loss": "control", "targets": "index", "ids": "index"})
-    def begin(self, state: dict[str, Tensor], mode: str) -> dict[str, Any]:
+    @rpc(state="model", returns={"gradient": "gradient", "loss": "control", "targets": "index", "ids": "index",
+                                 "masked": "gradient"})
+    def begin(self, state: dict[str, Tensor], mode: str, round_index: int | None = None) -> dict[str, Any]:
         """Start an iteration with the global parameters: 'local' (Algorithm 3) returns a gradient;
         'cross' (Algorithm 2) returns the batch's remote picks; 'reuse' recomputes the last
-        cross-client neighbourhood with the remote sums received then (FedGNN-PNS)."""
+        cross-client neighbourhood with the remote sums received then (FedGNN-PNS). ``round_index``
+        (secure aggregation) seeds this iteration's masks."""
         self.model.load_state_dict(state)
         self.plans = {}
-        if self.train_idx.numel() == 0:
-            return {}
+        if self.train_idx.numel() == 0:  # masked, an empty client still sends its (zero) share
+            return self._upload({}, round_index) if self.masker is not None else {}
         if mode == "reuse":  # never a silent fallback to local training
             if self.reuse is None:
                 raise RuntimeError(f"{self.name} has no cross-client neighbourhood to reuse; sample one first")
-            return self._gradient(self.reuse.reusable())
+            return self._upload(self._gradient(self.reuse.reusable()), round_index)
         if mode != "cross":
-            return self._gradient(self._local_plan())
+            return self._upload(self._gradient(self._local_plan()), round_index)
         plan, picks = self._own_plan(self.full_csr)
         self.plans[OWN] = plan
         return picks
@@ -381,9 +405,10 @@ class CrossClient(HorizontalClient):
             sums[trainer], sizes[trainer] = total.detach(), size
         return {"sums": sums, "counts": sizes}
 
-    @rpc(remote="embedding", counts="index", unmask="index", returns={"gradient": "gradient", "loss": "control"})
+    @rpc(remote="embedding", counts="index", unmask="index",
+         returns={"gradient": "gradient", "loss": "control", "masked": "gradient"})
     def finish(self, remote: dict[str, Tensor], counts: dict[str, Tensor], keep: bool = False,
-               unmask: dict[str, Tensor] | None = None) -> dict[str, Any]:
+               unmask: dict[str, Tensor] | None = None, round_index: int | None = None) -> dict[str, Any]:
         """Eq. (7)-(8) on the batch with the last layer's cross-owner sums; return the gradient."""
         self._store(self.levels, remote, counts, unmask)
         plan = self.plans[OWN]
@@ -392,7 +417,7 @@ class CrossClient(HorizontalClient):
             self.reuse = plan.reusable()
         if not self.remote_backprop:
             self.plans = {}
-        return out
+        return self._upload(out, round_index)
 
     @rpc(grads="gradient", returns={"sums": "gradient", "gradient": "gradient"})
     def backward(self, level: int, grads: dict[str, Tensor] | None = None) -> dict[str, Any]:
@@ -481,7 +506,8 @@ class CrossClientProtocol(Protocol):
         part = horizontal_from_config(data, cfg.partition, cfg.seed)
         self.partition_stats = part.stats
         self.clients = self.transport.spawn(self.client_class, [
-            dict(name=f"client{m}", seed=cfg.seed * 100_003 + m + 1, shard=shard, **self.client_options(data))
+            dict(name=f"client{m}", seed=cfg.seed * 100_003 + m + 1, shard=shard, index=m,
+                 **self.client_options(data))
             for m, shard in enumerate(part.shards)
         ])
         self.router = Router(part.owner, part.local_index, self.clients)
@@ -492,7 +518,17 @@ class CrossClientProtocol(Protocol):
             raise ConfigError(f"privacy.{privacy.requested()[0]} covers the partial sums sent forward; the gradients "
                               f"remote_backprop sends back are neither masked nor noised: set "
                               f"protocol.remote_backprop: false")
-        self.accountant = ReleaseAccountant(privacy.dp, part.owner.numel()) if privacy.dp is not None else None
+        if privacy.secure_aggregation and len(self.clients) < 2:
+            raise ConfigError(f"{self.name}: privacy.secure_aggregation needs at least 2 clients, got "
+                              f"{len(self.clients)} (partition.num_clients)")
+        dp = privacy.dp
+        self.accountant = ReleaseAccountant(dp, part.owner.numel()) if dp is not None else None
+        # One Gaussian gradient upload per client and iteration, composed with the row releases.
+        self.uploads = Accountant(dp) if dp is not None else None
+
+    def start(self) -> None:
+        if self.cfg.privacy.secure_aggregation:  # pairwise keys for the masked gradient uploads
+            exchange_keys(self.transport, self.clients)
 
     def build(self, num_features: int, num_classes: int) -> None:
         with torch.random.fork_rng():
@@ -512,21 +548,33 @@ class CrossClientProtocol(Protocol):
         return options
 
     # ---- one iteration ---------------------------------------------------------------------------
-    def iterate(self, modes: list[str], keep: bool = False) -> dict[str, float]:
+    def iterate(self, round_index: int, modes: list[str], keep: bool = False) -> dict[str, float]:
         """Every client starts from the global parameters in its mode; cross-client trainers then
         run Algorithm 2 together; the server averages all gradients and takes one optimiser step."""
         state = self.model.state_dict()
-        replies = self.transport.call_many(self.clients, "begin", per_target=[{"mode": m} for m in modes], state=state)
-        results = [r for r in replies if "gradient" in r]
+        masking = {"round_index": round_index} if self.cfg.privacy.secure_aggregation else {}
+        if self.uploads is not None:  # counted before any client releases its gradient
+            self.uploads.step(1.0)
+        replies = self.transport.call_many(self.clients, "begin", per_target=[{"mode": m} for m in modes],
+                                           state=state, **masking)
+        results = [r for r in replies if "gradient" in r or "masked" in r]
         trainers = {name: r for name, r, m in zip(self.clients, replies, modes) if m == "cross" and "targets" in r}
         remote_share = None
         if trainers:
-            crossed, remote_share = self.cross_chain(trainers, keep)
+            crossed, remote_share = self.cross_chain(trainers, keep, masking)
             results += crossed
         stats = self.apply(results, remote_share)
-        return stats | ({"epsilon": self.accountant.epsilon()} if self.accountant is not None else {})
+        return stats | self.epsilons()
 
-    def cross_chain(self, trainers: dict[str, dict[str, Tensor]], keep: bool
+    def epsilons(self) -> dict[str, float]:
+        """DP: epsilon so far for one node's data, over its client's gradient uploads and its own row's
+        releases in the exchanged sums (and each part alone)."""
+        if self.accountant is None:
+            return {}
+        return {"epsilon": self.accountant.epsilon(self.uploads.rates), "epsilon_model": self.uploads.epsilon(),
+                "epsilon_embedding": self.accountant.epsilon()}
+
+    def cross_chain(self, trainers: dict[str, dict[str, Tensor]], keep: bool, masking: dict[str, int] | None = None
                     ) -> tuple[list[dict[str, Any]], dict[str, Tensor] | None]:
         """Algorithm 2 for all ``trainers`` at once (their first-hop picks given): sampling down the
         levels, one aggregation phase per layer, then each trainer's loss and gradient; with
@@ -582,8 +630,8 @@ class CrossClientProtocol(Protocol):
         finish = [{"remote": remote.get(c, {}), "counts": counts.get(c, {})}
                   | ({"unmask": unmask.get(c, {})} if peer_of is not None else {}) for c in names]
         results = [r for r in self.transport.call_many(names, "finish", per_target=[
-            {key: handles.to(c, v) for key, v in call.items()} for c, call in zip(names, finish)], keep=keep)
-            if "gradient" in r]
+            {key: handles.to(c, v) for key, v in call.items()} for c, call in zip(names, finish)], keep=keep,
+            **(masking or {})) if "gradient" in r or "masked" in r]
         if not (getattr(self.opts, "remote_backprop", False) and self.levels > 1):
             return results, None
         grads: dict[str, dict] = {}
@@ -659,6 +707,16 @@ class CrossClientProtocol(Protocol):
         if not results:
             return {"train_loss": math.nan}
         self.optimizer.zero_grad()
+        if "masked" in results[0]:  # secure aggregation: only the sum [sum gradient, clients, sum loss]
+            total = decode(ring_sum(torch.stack([r["masked"] for r in results])))
+            count = float(total[-2])
+            if count <= 0:
+                return {"train_loss": math.nan}
+            params = list(self.model.parameters())
+            for p, g in zip(params, total[:-2].split([p.numel() for p in params])):
+                p.grad = (g / count).to(p.dtype).view_as(p)
+            self.optimizer.step()
+            return {"train_loss": float(total[-1]) / count, "clients": count}
         for name, p in self.model.named_parameters():
             total = torch.stack([r["gradient"][name] for r in results]).sum(0)
             p.grad = (total + remote_share[name] if remote_share else total) / len(results)
@@ -680,7 +738,7 @@ class CrossClientProtocol(Protocol):
             if kinds is None or row["kind"] in kinds:
                 per_round[row["round"]] = per_round.get(row["round"], 0) + row["bytes"]
         first = self.first_layer
-        dp = {} if self.accountant is None else {"epsilon": self.accountant.epsilon(), "delta": self.accountant.delta}
+        dp = {} if self.accountant is None else self.epsilons() | {"delta": self.accountant.delta}
         return {
             "bytes_cross_client": sum(per_round.values()),
             "cross_client_iterations": sum(1 for b in per_round.values() if b),
@@ -689,7 +747,8 @@ class CrossClientProtocol(Protocol):
         } | dp
 
     def state_dict(self) -> dict[str, Any]:
-        dp = {"dp_releases": self.accountant.releases.clone()} if self.accountant is not None else {}
+        dp = {"dp_releases": self.accountant.releases.clone(),
+              "dp_rates": list(self.uploads.rates)} if self.accountant is not None else {}
         return super().state_dict() | {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                                        "first_layer": dict(self.first_layer)} | dp
 
@@ -700,3 +759,4 @@ class CrossClientProtocol(Protocol):
         self.first_layer = dict(state["first_layer"])
         if self.accountant is not None:
             self.accountant.releases = state["dp_releases"].clone()
+            self.uploads.rates = list(state["dp_rates"])
