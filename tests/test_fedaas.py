@@ -4,7 +4,7 @@ computations, silence between syncs, the interval rules, the privacy audit, pres
 from __future__ import annotations
 
 import copy
-
+import json
 import math
 
 import pytest
@@ -359,6 +359,21 @@ def test_bench_tasks_are_valid_configurations():
     for task in TASKS.values():
         for variant in task.variants:
             assert variant_config(task, variant, 0, {}).protocol_name in PRESETS
+
+
+def test_sweep_task_plots_accuracy_and_bytes_against_the_swept_setting(tmp_path):
+    """A figure sweep (Fig. 10's edge drop) on the quick synthetic setting: one run per value, the
+    table, the curves and the sweep plot; each run's partition has the value's edges."""
+    from fedgl.bench.core import run_task
+    from fedgl.bench.fedaas import TASKS
+
+    result = run_task(TASKS["fedaas-edgedrop-cs"], tmp_path, quick=True, only=["drop 0.0", "drop 0.99"])
+    assert [row["variant"] for row in result["rows"]] == ["drop 0.0", "drop 0.99"]
+    assert (tmp_path / "sweep.png").stat().st_size > 0 and (tmp_path / "curves.png").stat().st_size > 0
+    runs = {r["variant"]: r for r in json.loads((tmp_path / "results.json").read_text())}
+    kept, dropped = (runs[v]["partition"]["mean_intra_edges"] for v in ("drop 0.0", "drop 0.99"))
+    assert kept > 10 * max(dropped, 1.0)
+    assert all(runs[v]["bytes_embedding"] > 0 for v in runs)
 
 
 @pytest.mark.slow

@@ -179,11 +179,39 @@ COST = BenchTask(
     seeds=3, quick=QUICK, source=SOURCE, finish=write_cost)
 
 
+def sweep_plot(folder: Path, label: str) -> None:
+    """``sweep.png``: Figs. 6 and 8-10's shape, final test accuracy and embedding MB (mean over seeds)
+    against the swept setting, one point per variant in the task's order."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = json.loads((folder / "results.json").read_text())
+    variants = list(dict.fromkeys(r["variant"] for r in runs))
+    by = {v: [r for r in runs if r["variant"] == v] for v in variants}
+    ticks = [v.removeprefix(f"{label} ") for v in variants]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, key, scale, name in ((axes[0], "final_test_accuracy", 100, "final test accuracy (%)"),
+                                 (axes[1], "bytes_embedding", 1e-6, "embedding MB")):
+        ax.plot(range(len(variants)), [statistics.mean(r[key] * scale for r in by[v]) for v in variants], "o-")
+        ax.set_xticks(range(len(variants)), ticks)
+        ax.set_xlabel(label)
+        ax.set_ylabel(name)
+    fig.tight_layout()
+    fig.savefig(folder / "sweep.png", dpi=90)
+    plt.close(fig)
+
+
 def sweep(name: str, dataset: str, description: str, key: str, values: list[Any], label: str,
           fixed: dict[str, Any] | None = None) -> BenchTask:
+    def finish(folder: Path) -> None:
+        curves(folder)
+        sweep_plot(folder, label)
+
     return BenchTask(name=name, description=description, base=base(dataset),
                      variants=[Variant(f"{label} {v}", {**(fixed or {}), key: v}) for v in values],
-                     columns=COLUMNS, seeds=1, quick=QUICK, source=SOURCE, finish=curves)
+                     columns=COLUMNS, seeds=1, quick=QUICK, source=SOURCE, finish=finish)
 
 
 ABLATION = BenchTask(
