@@ -292,6 +292,16 @@ def test_bench_tasks_build_valid_configs():
             assert cfg.protocol_name == "glasu"
 
 
+def test_figure3_task_overlays_the_backbones_curves(tmp_path):
+    from fedgl.bench.core import run_task
+    from fedgl.bench.glasu import TASKS
+
+    synthetic = {"dataset.name": "synthetic", "dataset.split": "default"}
+    result = run_task(TASKS["glasu-figure3"], tmp_path, quick=True, only=["gcnii", "gat lr"], overrides=synthetic)
+    assert [row["variant"] for row in result["rows"]] == ["gcnii", "gat lr 0.001"]
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_runtime_saving_is_relative_to_the_first_variant_of_each_seed():
     from fedgl.bench.glasu import RuntimeSaving
 
