@@ -258,9 +258,22 @@ COMPUTERS = BenchTask(
               Variant("FedLocal", {"protocol.name": "fedlocal"})],
     columns=COLUMNS, seeds=1, quick=QUICK, source=SOURCE, finish=curves)
 
+# What withholding single-node pairs costs: with min_pair_rows 2 no partial is one node's projected
+# embedding (docs/fedaas.md, Privacy).
+PAIRS = BenchTask(
+    name="fedaas-pairs",
+    description="CS and PubMed (iid), 50 rounds: FedAAS sending every (target, owner) partial (min_pair_rows 1, "
+                "the default) and withholding those of a single node (min_pair_rows 2).",
+    base=base("cs"),
+    variants=[Variant(f"{prefix}FedAAS min_pair_rows {rows}", {**extra, "protocol.min_pair_rows": rows},
+                      _reference("FedAAS", dataset, "iid"))
+              for prefix, dataset, extra in (("", "cs", {}), ("PubMed ", "pubmed", PUBMED)) for rows in (1, 2)],
+    columns=COLUMNS, seeds=1, quick=QUICK, source=SOURCE, finish=curves)
+
 TASKS: dict[str, BenchTask] = {
     "fedaas-aggregate-cs": AGGREGATE,
     "fedaas-computers": COMPUTERS,
+    "fedaas-pairs": PAIRS,
     **{f"fedaas-table2-{d}": table2(d) for d in SPLITS},
     "fedaas-cost": COST,
     "fedaas-ablation-cs": ABLATION,
