@@ -228,7 +228,7 @@ TASKS: dict[str, BenchTask] = {task.name: task for task in [
                     f"metrics.jsonl holds its accuracy curve, overlaid in curves.png. {_ROUNDS}",
         variants=[Variant(backbone, {**_DATASETS["pubmed"], "model.name": backbone})
                   for backbone in ("gcn", "gat", "gcnii")]
-        # At GCNII's learning rate GCN and GAT stay at chance on PubMed with Q = 4 (docs/glasu.md).
+        # GCN and GAT do not train at GCNII's learning rate on PubMed with Q = 4 (docs/glasu.md).
         + [Variant(f"{backbone} lr 0.001", {**_DATASETS["pubmed"], "model.name": backbone, "train.lr": 0.001})
            for backbone in ("gcn", "gat")],
         columns=["test_accuracy", "final_test_accuracy", "best_round", "sim_time_s"],
