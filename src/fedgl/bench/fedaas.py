@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -203,28 +204,32 @@ def sweep_plot(folder: Path, label: str) -> None:
     plt.close(fig)
 
 
+def study(name: str, dataset: str, description: str, variants: list[Variant],
+          finish: Callable[[Path], None] = curves) -> BenchTask:
+    """A one-seed task on ``dataset`` at the §7.1 settings, with the Table 2 columns and Figs. 3-4's curves."""
+    return BenchTask(name=name, description=description, base=base(dataset), variants=variants, columns=COLUMNS,
+                     seeds=1, quick=QUICK, source=SOURCE, finish=finish)
+
+
 def sweep(name: str, dataset: str, description: str, key: str, values: list[Any], label: str,
           fixed: dict[str, Any] | None = None) -> BenchTask:
     def finish(folder: Path) -> None:
         curves(folder)
         sweep_plot(folder, label)
 
-    return BenchTask(name=name, description=description, base=base(dataset),
-                     variants=[Variant(f"{label} {v}", {**(fixed or {}), key: v}) for v in values],
-                     columns=COLUMNS, seeds=1, quick=QUICK, source=SOURCE, finish=finish)
+    return study(name, dataset, description, [Variant(f"{label} {v}", {**(fixed or {}), key: v}) for v in values],
+                 finish)
 
 
-ABLATION = BenchTask(
-    name="fedaas-ablation-cs",
-    description="Fig. 7 on CS (iid): Centralized-graph (one client, every edge, uniform picks), FedAll, FedAAS1 "
-                "(attention sampling, τ = 1), FedAAS2 (every neighbour, adaptive τ), FedAAS; FedLocal beside.",
-    base=base("cs"),
-    variants=[Variant("Centralized-graph", {"protocol.name": "fedlocal", "partition.num_clients": 1,
-                                            "partition.client_nodes": "all", "partition.edge_drop": 0.0}),
-              Variant("FedAll", {"protocol.name": "fedall"}), Variant("FedAAS1", {"protocol.name": "fedaas1"}),
-              Variant("FedAAS2", {"protocol.name": "fedaas2"}), Variant("FedAAS"),
-              Variant("FedLocal", {"protocol.name": "fedlocal"})],
-    columns=COLUMNS, seeds=1, quick=QUICK, source=SOURCE, finish=curves)
+ABLATION = study(
+    "fedaas-ablation-cs", "cs",
+    "Fig. 7 on CS (iid): Centralized-graph (one client, every edge, uniform picks), FedAll, FedAAS1 "
+    "(attention sampling, τ = 1), FedAAS2 (every neighbour, adaptive τ), FedAAS; FedLocal beside.",
+    [Variant("Centralized-graph", {"protocol.name": "fedlocal", "partition.num_clients": 1,
+                                     "partition.client_nodes": "all", "partition.edge_drop": 0.0}),
+     Variant("FedAll", {"protocol.name": "fedall"}), Variant("FedAAS1", {"protocol.name": "fedaas1"}),
+     Variant("FedAAS2", {"protocol.name": "fedaas2"}), Variant("FedAAS"),
+     Variant("FedLocal", {"protocol.name": "fedlocal"})])
 
 # Why the target needs a weight of its own: the same runs with GAT's self loop instead (root: false, the
 # model fedgl first shipped), with it and an exact gradient through the target's query, and with the mean
@@ -232,43 +237,37 @@ ABLATION = BenchTask(
 MEAN_UNIFORM = {"protocol.aggregate": "mean", "protocol.sampling": "uniform"}
 SELF_LOOP = {"protocol.root": False}
 PUBMED = {"dataset.name": "pubmed", "dataset.split": SPLITS["pubmed"]}
-AGGREGATE = BenchTask(
-    name="fedaas-aggregate-cs",
-    description="CS and PubMed (iid), 50 rounds: FedAAS with GAT's self loop in place of the root weight (root: "
-                "false), on CS also with an exact gradient through the target's query, and FedAAS with the mean "
-                "aggregator and uniform picks (no attention); to set beside fedaas-table2-cs/-pubmed's FedAAS iid.",
-    base=base("cs"),
-    variants=[Variant("FedAAS GAT self loop", SELF_LOOP, _reference("FedAAS", "cs", "iid")),
-              Variant("PubMed FedAAS GAT self loop", {**SELF_LOOP, **PUBMED}, _reference("FedAAS", "pubmed", "iid")),
-              Variant("FedAAS exact query gradient", {**SELF_LOOP, "protocol.query_gradient": "exact"},
-                      _reference("FedAAS", "cs", "iid")),
-              Variant("FedAAS mean uniform", MEAN_UNIFORM, _reference("FedAAS", "cs", "iid")),
-              Variant("PubMed FedAAS mean uniform", {**MEAN_UNIFORM, **PUBMED}, _reference("FedAAS", "pubmed", "iid"))],
-    columns=COLUMNS, seeds=1, quick=QUICK, source=SOURCE, finish=curves)
+AGGREGATE = study(
+    "fedaas-aggregate-cs", "cs",
+    "CS and PubMed (iid), 50 rounds: FedAAS with GAT's self loop in place of the root weight (root: "
+    "false), on CS also with an exact gradient through the target's query, and FedAAS with the mean "
+    "aggregator and uniform picks (no attention); to set beside fedaas-table2-cs/-pubmed's FedAAS iid.",
+    [Variant("FedAAS GAT self loop", SELF_LOOP, _reference("FedAAS", "cs", "iid")),
+     Variant("PubMed FedAAS GAT self loop", {**SELF_LOOP, **PUBMED}, _reference("FedAAS", "pubmed", "iid")),
+     Variant("FedAAS exact query gradient", {**SELF_LOOP, "protocol.query_gradient": "exact"},
+             _reference("FedAAS", "cs", "iid")),
+     Variant("FedAAS mean uniform", MEAN_UNIFORM, _reference("FedAAS", "cs", "iid")),
+     Variant("PubMed FedAAS mean uniform", {**MEAN_UNIFORM, **PUBMED}, _reference("FedAAS", "pubmed", "iid"))])
 
 # Why FedAAS trails Table 2 on Computers: the same iid run beside the model without attention and the run
 # without cross-client neighbours (one client holding the whole graph: benchmarks/results/fedaas-centralized-computers).
-COMPUTERS = BenchTask(
-    name="fedaas-computers",
-    description="Computers (iid, 1 seed): FedAAS beside FedAAS with mean aggregation and uniform picks, "
-                "FedLocal (no cross-client neighbours).",
-    base=base("computers"),
-    variants=[Variant("FedAAS", reference=_reference("FedAAS", "computers", "iid")),
-              Variant("FedAAS mean uniform", MEAN_UNIFORM, _reference("FedAAS", "computers", "iid")),
-              Variant("FedLocal", {"protocol.name": "fedlocal"})],
-    columns=COLUMNS, seeds=1, quick=QUICK, source=SOURCE, finish=curves)
+COMPUTERS = study(
+    "fedaas-computers", "computers",
+    "Computers (iid, 1 seed): FedAAS beside FedAAS with mean aggregation and uniform picks, "
+    "FedLocal (no cross-client neighbours).",
+    [Variant("FedAAS", reference=_reference("FedAAS", "computers", "iid")),
+     Variant("FedAAS mean uniform", MEAN_UNIFORM, _reference("FedAAS", "computers", "iid")),
+     Variant("FedLocal", {"protocol.name": "fedlocal"})])
 
 # What withholding single-node pairs costs: with min_pair_rows 2 no partial is one node's projected
 # embedding (docs/fedaas.md, Privacy).
-PAIRS = BenchTask(
-    name="fedaas-pairs",
-    description="CS and PubMed (iid), 50 rounds: FedAAS sending every (target, owner) partial (min_pair_rows 1, "
-                "the default) and withholding those of a single node (min_pair_rows 2).",
-    base=base("cs"),
-    variants=[Variant(f"{prefix}FedAAS min_pair_rows {rows}", {**extra, "protocol.min_pair_rows": rows},
-                      _reference("FedAAS", dataset, "iid"))
-              for prefix, dataset, extra in (("", "cs", {}), ("PubMed ", "pubmed", PUBMED)) for rows in (1, 2)],
-    columns=COLUMNS, seeds=1, quick=QUICK, source=SOURCE, finish=curves)
+PAIRS = study(
+    "fedaas-pairs", "cs",
+    "CS and PubMed (iid), 50 rounds: FedAAS sending every (target, owner) partial (min_pair_rows 1, "
+    "the default) and withholding those of a single node (min_pair_rows 2).",
+    [Variant(f"{prefix}FedAAS min_pair_rows {rows}", {**extra, "protocol.min_pair_rows": rows},
+             _reference("FedAAS", dataset, "iid"))
+     for prefix, dataset, extra in (("", "cs", {}), ("PubMed ", "pubmed", PUBMED)) for rows in (1, 2)])
 
 TASKS: dict[str, BenchTask] = {
     "fedaas-aggregate-cs": AGGREGATE,
