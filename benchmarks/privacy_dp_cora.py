@@ -40,7 +40,8 @@ SETTING = {
     "glasu": ("glasu-table2-cora", "cora GLASU-4", {}),
     "fedaas": ("fedaas-table2-pubmed", "FedAAS iid", {"dataset.name": "cora", "dataset.split": "full",
                                                        "partition.num_clients": 10, "train.lr": 0.01,
-                                                       "network.compute": "ignore"}),
+                                                       "network.compute": "ignore",
+                                                       "protocol.sync_counter": "round"}),
 }
 COLUMNS = {"glasu": ("test_accuracy", "final_test_accuracy"), "fedaas": ("final_test_accuracy", "final_test_macro_f1")}
 

@@ -18,7 +18,7 @@ from fedgl.config import build_config, load_config
 from fedgl.errors import ConfigError
 from fedgl.models.split_attention import SplitAttentionNet, merge_into
 from fedgl.protocols.fanout_policy import FanoutPolicy
-from fedgl.protocols.fedaas import EXCHANGE, FedAASClient, next_interval
+from fedgl.protocols.fedaas import EXCHANGE, FedAASClient, next_interval, sync_steps
 from fedgl.results import read_jsonl
 from fedgl.runner import Run, run
 from test_swift import audited_rows
@@ -190,19 +190,35 @@ def test_exact_query_gradient_equals_the_dense_gradient(tmp_path):
 
 
 # ---- schedule and interval ---------------------------------------------------------------------------
-def test_no_cross_client_message_between_syncs(tmp_path, monkeypatch):
-    """τ = 5 and 10 batches: each round is start, two sync chains each followed by four silent steps,
-    upload; every embedding or index byte is in a sync chain's calls."""
+@pytest.mark.parametrize("counter, one_round", [
+    ("round", ["start", "request", "serve", "finish", "local", "request", "serve", "finish", "local", "upload"]),
+    ("global", ["start", "local", "request", "serve", "finish", "local", "request", "serve", "finish", "upload"]),
+])
+def test_no_cross_client_message_between_syncs(tmp_path, monkeypatch, counter, one_round):
+    """τ = 5 and 10 batches: each round is start, two sync chains with four silent steps between, upload
+    (the code's counter syncs at steps 0 and 5, Algorithm 1's at steps 5 and 10); every embedding or index
+    byte is in a sync chain's calls."""
     seen = spy_calls(monkeypatch)
-    res = run(build_config(config({"interval": 5, "batches": 10}, rounds=2)), tmp_path)
+    res = run(build_config(config({"interval": 5, "batches": 10, "sync_counter": counter}, rounds=2, nodes=600)), tmp_path)
     phases = [method for i, (_, method, _, _) in enumerate(seen) if i == 0 or seen[i - 1][1] != method]
-    one_round = ["start", "request", "serve", "finish", "local", "request", "serve", "finish", "local", "upload"]
     assert phases == one_round * 2
     assert all(kw["steps"] == 4 for _, method, kw, _ in seen if method == "local")
     crossing = [row for row in read_jsonl(tmp_path / "ledger.jsonl") if row["kind"] in ("embedding", "index")]
     assert crossing and all(row["method"] in EXCHANGE for row in crossing)
     assert res.summary["bytes_embedding"] == sum(row["bytes"] for row in crossing)
     assert {row["round"] for row in crossing if row["method"] == "serve"} == {1, 2}
+
+
+def test_global_counter_carries_over_rounds_and_follows_a_shrinking_interval():
+    """Algorithm 1's count i: τ = 3 over rounds of 4 steps syncs at global steps 3, 6, 9, ...; when τ
+    shrinks below the count, the next step syncs; the code's counter restarts every round."""
+    syncs, count = sync_steps("global", 3, 4, 0)
+    assert (syncs, count) == ({2}, 1)
+    syncs, count = sync_steps("global", 3, 4, count)
+    assert (syncs, count) == ({1}, 2)
+    assert sync_steps("global", 2, 4, 5) == ({0, 2}, 1)  # i = 6 ≥ τ at once, then every 2 steps
+    assert sync_steps("global", None, 4, 2) == (set(), 2)
+    assert sync_steps("round", 3, 4, 7) == ({0, 3}, 7)
 
 
 @pytest.mark.parametrize("rule, losses, tau, expected", [

@@ -85,6 +85,9 @@ class FedAASOptions(ProtocolOptions):
     cross_fanouts: list[int] | None = None
     interval: int | Literal["adaptive", "never"] = "adaptive"
     interval_rule: Literal["paper", "code"] = "paper"
+    sync_counter: Literal["global", "round"] = Field("global", description=(
+        "global: Algorithm 1's count i, kept by the server across rounds, +1 per step, a sync when it reaches τ "
+        "(then 0); round: the authors' code, a sync at steps j ≡ 0 (mod τ) of every round, so step 0 always syncs"))
     tau0: int | Literal["grid"] = Field(10, description=(
         "the first interval; grid: each of 1, 2, 5, 10 tried for one round from the same state, the one whose "
         "server loss falls fastest per simulated second kept (its cost charged to round 0)"))
@@ -174,6 +177,23 @@ def next_interval(rule: str, losses: list[float], tau: int, tau0: int, tau_min: 
     if len(losses) > 1 and losses[-1] < losses[-2]:
         return tau
     return max(tau_min, min(tau - 1, int(ratio * tau0)))
+
+
+def sync_steps(counter: str, tau: int | None, steps: int, count: int) -> tuple[set[int], int]:
+    """The round's sync steps (0-based) and the count after it. global: Algorithm 1's count i, carried
+    from round to round (i += 1 per step; a sync once i reaches τ, which may have shrunk meanwhile, then
+    i = 0); round: the authors' code, steps j ≡ 0 (mod τ) of the round. τ None: no sync."""
+    if tau is None:
+        return set(), count
+    if counter == "round":
+        return {j for j in range(steps) if j % tau == 0}, count
+    syncs = set()
+    for j in range(steps):
+        count += 1
+        if count >= tau:
+            syncs.add(j)
+            count = 0
+    return syncs, count
 
 
 GRID = (1, 2, 5, 10)  # the τ_0 candidates of ``tau0: grid`` (spec A7)
@@ -619,6 +639,7 @@ class FedAAS(Protocol):
             self.averager = SimilarityAverager(data.num_features, o.similarity_temperature, self.generator)
         self.losses: list[float] = []
         self.taus: list[int | None] = []
+        self.count = 0  # Algorithm 1's i: steps since the last sync (sync_counter: global)
 
     def start(self) -> None:
         if self.secure:
@@ -704,7 +725,7 @@ class FedAAS(Protocol):
         when no chosen client trained) and the number of sync steps."""
         o = self.opts
         steps = o.local_epochs * o.batches
-        syncs = {j for j in range(steps) if tau is not None and j % tau == 0}
+        syncs, self.count = sync_steps(o.sync_counter, tau, steps, self.count)
         chosen = self.sample_clients()
         if self.rounds is not None:  # counted before any client releases its update
             self.rounds.step(len(chosen) / len(self.clients))
@@ -859,7 +880,7 @@ class FedAAS(Protocol):
     def state_dict(self) -> dict[str, Any]:
         return super().state_dict() | {"model": self.model.state_dict(), "tau": self.tau, "tau0": self.tau0,
                                        "grid": dict(self.grid), "losses": list(self.losses), "taus": list(self.taus),
-                                       "personal": dict(self.personal)} | self.dp_state()
+                                       "count": self.count, "personal": dict(self.personal)} | self.dp_state()
 
     def dp_state(self) -> dict[str, Any]:
         """The budget spent: rounds of uploads (their sampling rates) and every node's release count."""
@@ -871,7 +892,7 @@ class FedAAS(Protocol):
         super().load_state_dict(state)
         self.model.load_state_dict(state["model"])
         self.tau, self.tau0, self.grid = state["tau"], state["tau0"], dict(state["grid"])
-        self.losses, self.taus = state["losses"], state["taus"]
+        self.losses, self.taus, self.count = state["losses"], state["taus"], state["count"]
         self.personal = dict(state["personal"])
         if self.rounds is not None:
             self.rounds.rates, self.releases.releases = list(state["dp_rates"]), state["dp_releases"].clone()
