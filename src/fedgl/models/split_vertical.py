@@ -467,7 +467,7 @@ class ForwardPass:
     """
 
     def __init__(self, net: ClientNet, plan: Plan, x: Rows):
-        self.net, self.plan = net, plan
+        self.net, self.plan, self.x = net, plan, x
         self.h = net.encode(x)
         self.x0 = self.h if net.backbone == "gcnii" else None
         self.level = 0

@@ -47,6 +47,7 @@ from ..models.split_vertical import (
     ClientNet,
     ForwardPass,
     Plan,
+    Rows,
     aggregate,
     backbone_options,
     check_width,
@@ -145,6 +146,14 @@ def vertical_blocks(partition: PartitionConfig) -> str:
     return partition.method
 
 
+def draw(train_nodes: Tensor, size: int, generator: torch.Generator | None) -> Tensor:
+    """A mini-batch of ``size`` training nodes in random order; all of them, in their own order, when
+    ``size`` covers them (a full batch has no order to draw, and repeats exactly from round to round)."""
+    if size >= train_nodes.numel():
+        return train_nodes
+    return train_nodes[torch.randperm(train_nodes.numel(), generator=generator)[:size]]
+
+
 def union(top: Tensor, parts: list[Tensor]) -> Tensor:
     """The server's union of the clients' index sets, keeping the common level above first."""
     rest = torch.cat(parts)
@@ -179,6 +188,7 @@ class GlasuClient(MaskedParty, Party):
         self.last_loss: float | None = None
         self._full = None
         self._eval: ForwardPass | None = None
+        self._memo: dict[Any, tuple] = {}  # full sampling: the last sets below and plan (see _below, _prepare)
         self.masker = MaskingClient.create(index) if opts["secure_aggregation"] else None
         self.masked_sent = 0  # masked messages so far: the same count at every client
         self.dp = opts["dp"]
@@ -210,7 +220,7 @@ class GlasuClient(MaskedParty, Party):
         self.received: dict[int, Tensor] = {}  # exact backward: the aggregate H per level, a leaf
 
     def _draw(self) -> Tensor:
-        return self.train_nodes[torch.randperm(self.train_nodes.numel())[: self.opts["S"]]]
+        return draw(self.train_nodes, self.opts["S"], None)
 
     def _take(self, targets: Tensor | None) -> None:
         """Adopt the common set at the current level (a new round starts at level L)."""
@@ -225,13 +235,32 @@ class GlasuClient(MaskedParty, Party):
         self.cursor = None
         self._take(self._draw())
 
-    def _plan(self) -> Plan:
-        return make_plan(self.graph, [self.sets[level] for level in range(self.L + 1)], self.opts["adjacency"])
+    def _prepare(self) -> tuple[Plan, Rows]:
+        """The plan of the current sets and the feature rows it reads. With full sampling both are
+        functions of the sets, so they are kept and reused while the sets repeat (a full batch has the
+        same sets every round), with the transposes built on their first backward pass."""
+        sets = [self.sets[level] for level in range(self.L + 1)]
+        last = self._memo.get("plan")
+        if last is not None and all(torch.equal(a, b) for a, b in zip(last[0], sets)):
+            return last[1], last[2]
+        prepared = make_plan(self.graph, sets, self.opts["adjacency"]), self.features.select(sets[0])
+        if self.opts["sampling"] == "full":
+            self._memo["plan"] = (sets, *prepared)
+        return prepared
+
+    def _below(self, level: int, above: Tensor) -> Tensor:
+        """The set one level below ``above``; full sampling reuses the last one while ``above`` repeats."""
+        method = self.opts["sampling"]
+        if method != "full":
+            return sample_below(self.graph, above, self.fanouts[level], method)
+        last = self._memo.get(level)
+        if last is None or not torch.equal(last[0], above):
+            last = self._memo[level] = (above, sample_below(self.graph, above, self.fanouts[level], method))
+        return last[1]
 
     def _descend(self, bottom: int) -> None:
         for level in range(self.cursor - 1, bottom - 1, -1):
-            above = self.sets[level + 1]
-            self.sets[level] = sample_below(self.graph, above, self.fanouts[level], self.opts["sampling"])
+            self.sets[level] = self._below(level, self.sets[level + 1])
         self.cursor = bottom
 
     @rpc(returns="index")
@@ -259,7 +288,7 @@ class GlasuClient(MaskedParty, Party):
             self._descend(0)
             self.net.train()
             self.optimizer.zero_grad()  # the exact backward accumulates over several calls
-            self.run = ForwardPass(self.net, self._plan(), self.features.select(self.sets[0]))
+            self.run = ForwardPass(self.net, *self._prepare())
         else:
             self._settle(h)
         self.own = self.run.run_to(min(level for level in self.levels if level > self.run.level))
@@ -330,7 +359,7 @@ class GlasuClient(MaskedParty, Party):
         else:
             losses.append(self.pending)
         self.optimizer.step()
-        plan, inputs = self.run.plan, self.features.select(self.sets[0])
+        plan, inputs = self.run.plan, self.run.x
         how = self.opts["aggregation"]
         for _ in range(1, self.opts["Q"]):
             top = forward_through(self.net, plan, inputs, self.levels,
@@ -353,8 +382,7 @@ class GlasuClient(MaskedParty, Party):
         for _ in range(self.opts["batches"]):
             self._start()
             self._descend(0)
-            plan = self._plan()
-            inputs = self.features.select(self.sets[0])
+            plan, inputs = self._prepare()
             for _ in range(self.opts["Q"]):
                 loss = self._objective(forward_through(self.net, plan, inputs, [], None), None)
                 self.optimizer.zero_grad()
@@ -493,8 +521,7 @@ class Glasu(Protocol):
         the number of node rows aggregated (summed over aggregation levels)."""
         t, clients, how = self.transport, self.clients, self.opts.aggregation
         if self.holder is None:
-            order = torch.randperm(self.train_nodes.numel(), generator=self.generator)
-            top = self.train_nodes[order[: self.opts.S]]
+            top = draw(self.train_nodes, self.opts.S, self.generator)
             args = [{"targets": top} for _ in clients]
         else:
             top = t.call(clients[self.holder], "draw_batch")
