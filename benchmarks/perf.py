@@ -640,15 +640,19 @@ def fmt(value: float | None) -> str:
 
 def markdown(result: dict) -> str:
     m = result["machine"]
-    lines = [f"Last run {m['date']} on {m['cpu']} ({m['cores']} cores, load average {m['load_average'][0]} at "
-             f"start), torch {m['torch']}, {'quick pass' if result['quick'] else 'full pass'}. The load column is "
-             "the 1-minute load average when the row's group started (the machine is shared).", "",
-             "| group | measure | value | unit | target | pass | load | notes |", "|---|---|---|---|---|---|---|---|"]
+    ran = f"groups {', '.join(result['groups_run'])}" if result.get("groups_run") else "every group"
+    lines = [f"Last run {m['date']} ({ran}) on {m['cpu']} ({m['cores']} cores, load average {m['load_average'][0]} "
+             f"at start), torch {m['torch']}, {'quick pass' if result['quick'] else 'full pass'}. The measured "
+             "column is when the row's group ran, the load column the 1-minute load average then (the machine is "
+             "shared).", "",
+             "| group | measure | value | unit | target | pass | measured | load | notes |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for row in result["measures"]:
         verdict = {True: "pass", False: "FAIL", None: ""}[row["pass"]]
         note = row["note"].replace("|", "/")
         lines.append(f"| {row['group']} | {row['name']} | {fmt(row['value'])} | {row['unit']} | "
-                     f"{row['target'] or ''} | {verdict} | {row.get('load_average', '')} | {note} |")
+                     f"{row['target'] or ''} | {verdict} | {row.get('measured', '')} | {row.get('load_average', '')} | "
+                     f"{note} |")
     return "\n".join(lines) + "\n"
 
 
@@ -680,14 +684,17 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
         torch.set_num_threads(1)  # as fedgl runs by default (threads: 1)
-        load = round(os.getloadavg()[0], 2)
-        print(json.dumps([m.row() | {"load_average": load} for m in GROUPS[args.child](args.quick)]))
+        load, date = round(os.getloadavg()[0], 2), time.strftime("%Y-%m-%d %H:%M")
+        print(json.dumps([m.row() | {"load_average": load, "measured": date}
+                          for m in GROUPS[args.child](args.quick)]))
         return
     result = {"machine": machine(), "quick": args.quick, "peers_cited": PEERS, "measures": []}
     previous = args.out / "perf.json"
-    if args.only and previous.exists():  # keep the other groups' last measures
-        result["measures"] = [row for row in json.loads(previous.read_text())["measures"]
+    if args.only and previous.exists():  # keep the other groups' last measures, with their dates
+        earlier = json.loads(previous.read_text())
+        result["measures"] = [{"measured": earlier["machine"]["date"], **row} for row in earlier["measures"]
                               if row["group"] not in args.only]
+        result["groups_run"] = args.only
     for name in args.only or GROUPS:
         started = time.perf_counter()
         rows = run_group(name, args.quick)
