@@ -205,6 +205,9 @@ class Plan:
                         model, level - 1, self.inputs(level - 1, model, x), self.nodes[level].numel(),
                         self.src[level], self.dst[level], self.remote_rows.get(level),
                         self.remote_sum.get(level), self.remote_count.get(level), self.degree[self.nodes[level - 1]])
+            if not self.grad:  # nothing differentiates through them later: the received sums are spent
+                for received in (self.remote_rows, self.remote_sum, self.remote_count):
+                    received.pop(level, None)
         return self.h[level]
 
     def inputs(self, level: int, model: Backbone, x: Tensor) -> Tensor:
