@@ -104,6 +104,32 @@ def test_party_randomness_is_its_own():
     assert not torch.equal(ra[0]["noise"], ra[1]["noise"])
 
 
+def test_a_batched_phase_sends_the_messages_of_one_call():
+    """``call_batches`` builds each batch's arguments only after the last batch was folded, and
+    sends the messages, gets the results and makes the ledger and clock of one ``call_many``."""
+    net = NetworkModel(bandwidth_mbps=8.0, latency_ms=10.0, compute="ignore")
+    one, batched = LocalTransport(net), LocalTransport(net)
+    names, _ = spawn(one), spawn(batched)
+    state = {n: torch.full((5,), float(i)) for i, n in enumerate(names)}
+    expected = one.call_many(names, "train", per_target=[{"state": state[n]} for n in names], steps=2)
+    events, got = [], []
+
+    def arguments(name):
+        events.append(("built", name))
+        return {"state": state[name]}
+
+    def fold(batch):
+        events.append(("folded", [name for name, _ in batch]))
+        got.extend(result for _, result in batch)
+
+    batched.call_batches([names[:1], names[1:]], "train", arguments, fold, steps=2)
+    assert events == [("built", "c0"), ("folded", ["c0"]), ("built", "c1"), ("built", "c2"), ("folded", ["c1", "c2"])]
+    for x, y in zip(got, expected):
+        assert torch.equal(x["state"], y["state"]) and torch.equal(x["noise"], y["noise"])
+    assert batched.ledger.rows() == one.ledger.rows()
+    assert batched.clock.now == one.clock.now > 0  # one phase: the slowest party, not a sum over batches
+
+
 def test_user_group_rows_are_accounted_per_user():
     t = LocalTransport()
     name = spawn(t, n=1)[0]

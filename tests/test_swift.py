@@ -19,7 +19,8 @@ from fedgl.errors import ConfigError
 from fedgl.partition import partition_horizontal
 from fedgl.protocols import horizontal_client
 from fedgl.models.graph import prepare_graph
-from fedgl.protocols.cross_client import CrossClient
+from fedgl.comm.payload import nbytes
+from fedgl.protocols.cross_client import CrossClient, CrossClientProtocol
 from fedgl.protocols.fedgnn_pns import PNSOptions, sampling_iterations
 from fedgl.protocols.llcg import LLCGClient
 from fedgl.runner import Run, run
@@ -305,6 +306,107 @@ def test_audit_detects_single_row_aggregates_and_llcg_feature_fetches(tmp_path, 
     assert any(method == "propagate" for _, _, method in leaks)
     llcg = audited_rows(config({"name": "llcg", "local_steps": 2}, rounds=2), tmp_path / "b", monkeypatch)
     assert llcg and {(dst, method) for _, dst, method in llcg} == {("server", "rows")}
+
+
+# ---- the memory budget of a cross-client step ------------------------------------------------------
+def planned(monkeypatch) -> list[dict]:
+    """Every aggregation phase as ``owner_batches`` plans it: the bytes the server holds besides the
+    replies (sums to forward and the bound on the sums it assembles), each owner's reply bound and
+    the batches of owners."""
+    plans: list[dict] = []
+    original = CrossClientProtocol.owner_batches
+
+    def spy(self, layer, targets, routes, held):
+        replies, assembled = self.reply_bytes(layer, routes)
+        batches = original(self, layer, targets, routes, held)
+        plans.append({"fixed": held + assembled, "replies": [int(replies[self.router.index[c]]) for c in targets],
+                      "batches": batches})
+        return batches
+
+    monkeypatch.setattr(CrossClientProtocol, "owner_batches", spy)
+    return plans
+
+
+def unbatched(cfg: dict, folder, monkeypatch) -> tuple:
+    """``cfg``'s run under the default budget (one batch per phase here) and the tightest budget
+    (MiB) under which every phase of it still fits, owner by owner: each phase's fixed bytes plus
+    its largest single reply."""
+    plans = planned(monkeypatch)
+    result = run(build_config(cfg), folder)
+    assert all(len(p["batches"]) == 1 for p in plans)
+    return result, max(p["fixed"] + max(p["replies"]) for p in plans) / 2**20
+
+
+def without_timings(row: dict) -> dict:
+    """A metrics row or summary without what the machine's speed decides (wall and CPU seconds)."""
+    return {k: v for k, v in row.items() if k not in ("wall_time_s", "wall_ms_per_round", "compute_s_by_party")}
+
+
+@pytest.mark.parametrize("protocol, model, privacy", [
+    ({"name": "fedgnn-g", "fanouts": [5, 3]}, "sage", {}),
+    ({"name": "fedgnn-g", "fanouts": [5, 3], "remote_backprop": True}, "gcn", {}),
+    ({"name": "swift", "K": 3, "I": 1, "fanouts": [4, 4]}, "gin", {"secure_aggregation": True}),
+    ({"name": "fedgnn-pns", "initial_interval": 2, "fanouts": [5, 3]}, "sage",
+     {"dp": {"noise_multiplier": 0.5, "max_norm": 1.0}})])
+def test_a_budget_that_batches_the_owners_changes_no_result(tmp_path, monkeypatch, protocol, model, privacy):
+    """Under the tightest budget the server asks the owners in several batches and drops each
+    batch's replies once added in; metrics, ledger and summary equal the unbatched run's bit for
+    bit (each target's vectors are added in the same owner order)."""
+    cfg = config(protocol, model=model, rounds=3, dropout=0.5) | {"privacy": privacy}
+    whole, budget = unbatched(cfg, tmp_path / "whole", monkeypatch)
+    plans = planned(monkeypatch)
+    cfg["protocol"]["memory_budget_mb"] = budget
+    batched = run(build_config(cfg), tmp_path / "batched")
+    assert max(len(p["batches"]) for p in plans) > 1
+    assert [without_timings(r) for r in batched.metrics] == [without_timings(r) for r in whole.metrics]
+    assert (batched.out_dir / "ledger.jsonl").read_text() == (whole.out_dir / "ledger.jsonl").read_text()
+    assert without_timings(batched.summary) == without_timings(whole.summary)
+
+
+def test_the_budget_bounds_what_the_server_holds_on_the_wire(tmp_path, monkeypatch):
+    """Measured from the messages themselves: in every aggregation phase, the sums and counts the
+    server forwards into it (from the layer below) and out of it (to the next layer or the trainers)
+    plus its largest batch of owner replies stay within the budget; unbatched, they exceed it."""
+    cfg = config({"name": "fedgnn-g", "fanouts": [5, 3]}, rounds=2, dropout=0.5)
+    _, budget = unbatched(cfg, tmp_path / "plan", monkeypatch)
+
+    def held(protocol: dict, folder) -> list[int]:
+        job = Run(build_config(cfg | {"protocol": protocol}), folder)
+        forwarded: dict[tuple, int] = {}  # (round, layer the sums go into) -> bytes
+        batches: dict[tuple, list[int]] = {}  # (round, layer) -> reply bytes of each batch
+        phase: list = [None, "down"]  # the current (round, layer) and the direction of its last message
+
+        def observe(r, src, dst, method, message, evaluating):
+            if evaluating or method not in ("propagate", "finish"):
+                return
+            if src == "server":
+                key = (r, message["layer"] if method == "propagate" else job.cfg.model.layers + 1)
+                forwarded[key] = forwarded.get(key, 0) + nbytes(message.get("remote")) + nbytes(message["counts"])
+                if phase != [key, "down"]:
+                    batches.setdefault(key, []).append(0)  # a new phase, or the next batch of this one
+                phase[:] = [key, "down"]
+            elif method == "propagate":
+                batches[phase[0]][-1] += nbytes(message)
+                phase[1] = "up"
+
+        job.transport.observers.append(observe)
+        job.execute(progress=False)
+        return [forwarded.get((r, layer), 0) + forwarded[(r, layer + 1)] + max(sizes)
+                for (r, layer), sizes in batches.items() if layer <= job.cfg.model.layers]
+
+    batched = held(cfg["protocol"] | {"memory_budget_mb": budget}, tmp_path / "batched")
+    assert max(batched) <= budget * 2**20 < max(held(cfg["protocol"], tmp_path / "whole"))
+
+
+def test_a_step_that_cannot_fit_the_budget_is_one_config_error(tmp_path):
+    """One owner's reply is one message: when it alone does not fit beside the sums, the run stops
+    with one line naming the option and the budget the step needs."""
+    with pytest.raises(ConfigError, match=r"^protocol\.memory_budget_mb=0\.001 is too small for one cross-client "
+                                          r"step: layer 1 needs .* set it to at least [0-9.]+ ") as err:
+        run(build_config(config({"name": "fedgnn-g", "memory_budget_mb": 0.001})), tmp_path)
+    assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="memory_budget_mb"):
+        build_config(config({"name": "fedgnn-g", "memory_budget_mb": 0}))
 
 
 # ---- configuration errors -------------------------------------------------------------------------

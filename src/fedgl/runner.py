@@ -34,7 +34,8 @@ from .tracking import Tracking
 CHECKPOINT = "checkpoint.pt"
 # Keys a resumed run may change: how long it runs, where, and what it records, not what it computes.
 RESUMABLE_CHANGES = ("train.rounds", "checkpoint_every", "threads", "backend.name", "backend.address",
-                     "backend.actors", "backend.shards", "backend.parties", "logging", "privacy.record_messages")
+                     "backend.actors", "backend.shards", "backend.parties", "logging", "privacy.record_messages",
+                     "protocol.memory_budget_mb")
 
 
 @dataclass

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
@@ -127,20 +127,53 @@ class Transport:
         """Call ``method`` on every target at once; ``per_target[i]`` adds target i's own arguments."""
         if per_target is not None and len(per_target) != len(targets):
             raise ValueError("per_target needs one dict per target")
+        calls = [(target, {**shared, **(per_target[i] if per_target is not None else {})})
+                 for i, target in enumerate(targets)]
+        results: list[tuple[str, Any]] = []
+        self._phase(method, [calls], results.extend)
+        return [result for _, result in results]
+
+    def call_batches(
+        self,
+        batches: Sequence[Sequence[str]],
+        method: str,
+        arguments: Callable[[str], dict[str, Any]],
+        fold: Callable[[list[tuple[str, Any]]], None],
+        **shared: Any,
+    ) -> None:
+        """One phase of ``call_many`` sent a batch of targets at a time, for a caller that cannot hold
+        every reply at once: a batch's arguments are built (``arguments(target)``) just before it is
+        sent, and its ``(target, result)`` pairs go to ``fold`` before the next batch is built; nothing
+        here keeps them, so what ``fold`` does not keep is freed. Each target gets the one message
+        ``call_many`` would send it, measured the same way, and the whole phase is one phase on the
+        clock (the caller's work between batches is server compute)."""
+        self._phase(method, ([(target, {**shared, **arguments(target)}) for target in batch]
+                             for batch in batches), fold)
+
+    def _phase(self, method: str, batches: Iterable[list[tuple[str, dict[str, Any]]]],
+               fold: Callable[[list[tuple[str, Any]]], None]) -> None:
+        """Send ``(target, kwargs)`` calls batch by batch, each batch's results to ``fold``; the
+        parties' times make one clock phase when the last batch is done."""
+        times: dict[str, float] = {}
+        for calls in batches:
+            fold(self._run_batch(method, calls, times))
+        if not self._evaluating:
+            self.clock.phase(times)
+
+    def _run_batch(self, method: str, calls: list[tuple[str, dict[str, Any]]], times: dict[str, float]
+                   ) -> list[tuple[str, Any]]:
+        """One batch: server compute since the last batch or call is charged, every message measured
+        both ways, each target's (download + compute + upload) seconds put in ``times``."""
         self._charge_server()
-        calls = []
+        network = self.clock.network
         downs: list[Measured] = []
-        for i, target in enumerate(targets):
-            kwargs = {**shared, **(per_target[i] if per_target is not None else {})}
+        for target, kwargs in calls:
             down = measure_args(spec_of(self._classes[target], method), kwargs)
             self._record(SERVER, target, down, kwargs, method)
             self._observe(SERVER, target, method, kwargs)
             downs.append(down)
-            calls.append((target, method, kwargs))
-        outcomes = self._execute(calls)
-        network = self.clock.network
-        times = {}
-        for (target, _, kwargs), down, (result, seconds) in zip(calls, downs, outcomes):
+        outcomes = self._execute([(target, method, kwargs) for target, kwargs in calls])
+        for (target, kwargs), down, (result, seconds) in zip(calls, downs, outcomes):
             up = measure_result(spec_of(self._classes[target], method), result)
             self._record(target, SERVER, up, kwargs, method)
             self._observe(target, SERVER, method, result)
@@ -149,10 +182,8 @@ class Transport:
             )
             if not self._evaluating:
                 self.compute_s[target] = self.compute_s.get(target, 0.0) + seconds[1]
-        if not self._evaluating:
-            self.clock.phase(times)
         self.idle()
-        return [result for result, _ in outcomes]
+        return [(target, result) for (target, _), (result, _) in zip(calls, outcomes)]
 
     def _transfer_s(self, m: Measured) -> float:
         # A user group's rows travel on each user's own link, in parallel: the slowest row counts.
@@ -250,10 +281,11 @@ class LocalTransport(Transport):
         self._group.load(folder)
 
     def _execute(self, calls: list[tuple[str, str, dict[str, Any]]]) -> list[tuple[Any, tuple[float, float]]]:
+        return [self._copied(name, method, kwargs) for name, method, kwargs in calls]
+
+    def _copied(self, name: str, method: str, kwargs: dict[str, Any]) -> tuple[Any, tuple[float, float]]:
+        """One call on copies both ways; the party's own result is gone once its copy is made."""
         from .payload import copy
 
-        out = []
-        for name, method, kwargs in calls:
-            [(result, seconds)] = self._group.run([(name, method, copy(kwargs))])
-            out.append((copy(result), seconds))
-        return out
+        [(result, seconds)] = self._group.run([(name, method, copy(kwargs))])
+        return copy(result), seconds

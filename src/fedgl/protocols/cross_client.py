@@ -15,7 +15,9 @@ calls the server relays:
    picks it holds per (target node, owner) pair, Eq. (5), and sends one vector per pair
    (``embedding``) with the number of rows summed (``index``); the server adds the vectors of
    each target across owners, Eq. (6), and sends one vector per target to the target's owner,
-   which combines it with its local neighbours, Eq. (7), and applies the layer, Eq. (8);
+   which combines it with its local neighbours, Eq. (7), and applies the layer, Eq. (8). The
+   server asks the owners in batches that fit ``memory_budget_mb`` beside the sums it assembles,
+   adding each batch in before asking the next (same messages, same sums);
 3. the training client computes the loss on its batch and returns its gradient (``gradient``);
 4. with ``remote_backprop`` (App. H.1), one ``backward`` call per hidden level: the gradient of
    every received sum goes back through the server to the owners of its pairs, which backpropagate
@@ -53,6 +55,7 @@ from torch.nn import functional as F
 from torch_geometric.data import Data
 
 from ..comm import rpc
+from ..comm.payload import nbytes
 from ..config import ModelConfig, TrainConfig
 from ..errors import ConfigError
 from ..evaluation import Evaluator
@@ -67,7 +70,7 @@ from ..sampling import CSR
 from ..optim import make_model, make_optimizer
 from .base import Protocol, ProtocolOptions
 from .horizontal_client import HorizontalClient, sample_hop
-from .routing import OWN, Handles, LayerRoute, Router
+from .routing import OWN, Assembly, Handles, LayerRoute, Router
 
 # Element-wise aggregators: mean (GraphSAGE), sum (GIN), degree-normalised sum (GCN).
 SPLITTABLE = ("sage", "gin", "gcn")
@@ -142,6 +145,11 @@ def _grad(t: Tensor) -> Tensor:
     return t.grad.detach().clone() if t.grad is not None else torch.zeros_like(t.detach())
 
 
+def mib(size: int) -> str:
+    """``size`` bytes in MiB, rounded up to two decimals (what a budget must at least be)."""
+    return f"{math.ceil(size / 2**20 * 100) / 100:.2f}"
+
+
 def dense_rows(h: Tensor, index: Tensor) -> Tensor:
     rows = select_rows(h, index)
     return rows if rows.layout == torch.strided else rows.to_dense()
@@ -205,6 +213,9 @@ class Plan:
                         model, level - 1, self.inputs(level - 1, model, x), self.nodes[level].numel(),
                         self.src[level], self.dst[level], self.remote_rows.get(level),
                         self.remote_sum.get(level), self.remote_count.get(level), self.degree[self.nodes[level - 1]])
+            if not self.grad:  # nothing differentiates through them later: the received sums are spent
+                for received in (self.remote_rows, self.remote_sum, self.remote_count):
+                    received.pop(level, None)
         return self.h[level]
 
     def inputs(self, level: int, model: Backbone, x: Tensor) -> Tensor:
@@ -480,6 +491,11 @@ class CrossClientOptions(MiniBatchOptions):
                                                      "(1 allows single rows)")
     remote_backprop: bool = Field(False, description="send the gradients of the remote partial sums back to "
                                                      "their owners (App. H.1) instead of holding them constant")
+    memory_budget_mb: float = Field(2048, gt=0, description="MiB the server may hold at once for one aggregation "
+                                  "phase of a cross-client step: the per-target sums it assembles and forwards plus "
+                                  "the owners' replies not yet added in; it asks the owners in batches that fit "
+                                  "(same messages, same results) and stops with an error when one owner's reply "
+                                  "beside the sums does not")
 
 
 class CrossClientProtocol(Protocol):
@@ -604,28 +620,9 @@ class CrossClientProtocol(Protocol):
         sizes: dict[int, dict[str, dict]] = {}  # per layer: {owner: {trainer: row count per pair}}
         down: dict[int, dict[str, dict]] = {}  # per layer: {target owner: {trainer: row count per target}}
         for layer in range(1, self.levels + 1):
-            # Owners serving pairs of this layer, and owners due the sums of the layer below.
-            targets = [c for c in active if c in requests[layer] or c in remote]
-            first = layer == 1 and peer_of is None  # with keys, the first layer's picks came with ``request_keys``
-            calls = [{"incoming": requests[1].get(c) if first else None, "remote": remote.get(c),
-                      "counts": counts.get(c)} for c in targets]
-            if peer_of is not None:
-                channels = {t: self.router.channels(route) for t, route in routes[layer].items()}
-                for c, call in zip(targets, calls):
-                    call["unmask"] = unmask.get(c) if c in remote else None
-                    call["mask_to"] = self.recipients(c, channels, peer_of) if c in requests[layer] else None
-            calls = [{key: None if v is None else handles.to(c, v) for key, v in call.items()}
-                     for c, call in zip(targets, calls)]
-            replies = self.transport.call_many(targets, "propagate", per_target=calls, layer=layer)
-            replies = {c: {key: handles.back(c, v) for key, v in r.items()} for c, r in zip(targets, replies)}
-            if layer == 1:
-                self.count_withheld(requests[1], replies)
-            if self.accountant is not None:
-                self.record_releases(routes[layer], replies)
-            if peer_of is not None:
-                unmask = self.senders(routes[layer], channels, peer_of, replies)
-            remote, counts = self.router.combine(routes[layer], replies)
-            sizes[layer], down[layer] = {c: r["counts"] for c, r in replies.items()}, counts
+            remote, counts, sizes[layer], unmask = self.aggregate(layer, active, handles, requests, routes[layer],
+                                                                  remote, counts, peer_of, unmask)
+            down[layer] = counts
         names = list(trainers)
         finish = [{"remote": remote.get(c, {}), "counts": counts.get(c, {})}
                   | ({"unmask": unmask.get(c, {})} if peer_of is not None else {}) for c in names]
@@ -643,6 +640,91 @@ class CrossClientProtocol(Protocol):
                 grads = self.router.scatter(routes[level], sums, down[level], sizes[level])
         shares = [r["gradient"] for r in replies if "gradient" in r]
         return results, {name: sum(s[name] for s in shares) for name in shares[0]} if shares else None
+
+    def aggregate(self, layer: int, active: list[str], handles: Handles, requests: dict[int, dict[str, dict]],
+                  routes: dict[str, LayerRoute], remote: dict[str, dict], counts: dict[str, dict],
+                  peer_of: dict[str, Tensor] | None, unmask: dict[str, dict]) -> tuple[dict, dict, dict, dict]:
+        """One aggregation phase (Eq. 5-6): the owners of layer ``layer``'s pairs, and those due the
+        sums ``remote``/``counts`` of the layer below, get one ``propagate`` call each; the server adds
+        the replies into per-target sums as they come, in batches of owners that fit the memory budget
+        (``owner_batches``), and drops each forwarded sum once sent. Returns the per-target sums and
+        counts for the next layer, the row count of every pair per owner, and (secure aggregation)
+        what each recipient needs to unmask its sums."""
+        targets = [c for c in active if c in requests[layer] or c in remote]
+        first = layer == 1 and peer_of is None  # with keys, the first layer's picks came with ``request_keys``
+        channels = {t: self.router.channels(route) for t, route in routes.items()} if peer_of is not None else {}
+
+        def arguments(c: str) -> dict[str, Any]:
+            call = {"incoming": requests[1].get(c) if first else None, "remote": remote.pop(c, None),
+                    "counts": counts.get(c)}
+            if peer_of is not None:
+                call["unmask"] = unmask.get(c) if call["remote"] is not None else None
+                call["mask_to"] = self.recipients(c, channels, peer_of) if c in requests[layer] else None
+            return {key: None if v is None else handles.to(c, v) for key, v in call.items()}
+
+        assembly = Assembly(routes, self.clients)
+        sizes: dict[str, dict[str, Tensor]] = {}
+
+        def fold(batch: list[tuple[str, dict]]) -> None:
+            replies = {c: {key: handles.back(c, v) for key, v in r.items()} for c, r in batch}
+            assembly.add(replies)
+            sizes.update({c: r["counts"] for c, r in replies.items()})
+
+        batches = self.owner_batches(layer, targets, routes, nbytes(remote) + nbytes(counts))
+        self.transport.call_batches(batches, "propagate", arguments, fold, layer=layer)
+        if layer == 1:
+            self.count_withheld(requests[1], sizes)
+        if self.accountant is not None:
+            self.record_releases(routes, sizes)
+        if peer_of is not None:
+            unmask = self.senders(routes, channels, peer_of, sizes)
+        return *assembly.result(), sizes, unmask
+
+    # ---- the memory budget of a cross-client step ---------------------------------------------------------
+    def reply_bytes(self, layer: int, routes: dict[str, LayerRoute]) -> tuple[Tensor, int]:
+        """Upper bounds, before any owner replies, of each owner's ``propagate`` reply for layer
+        ``layer`` (a vector per pair that can carry one, a count per pair) and of the per-target sums
+        the server assembles from all of them (a row per target that can receive a vector, a count per
+        target), in bytes. Vectors have the layer's input width, in int64 when masked."""
+        dtype = torch.int64 if self.cfg.privacy.secure_aggregation else torch.float32
+        width = _first_linear(self.model, layer - 1).weight.size(1) * dtype.itemsize
+        fewest = self.opts.min_aggregate if layer == 1 else 1  # first-layer pairs below it are withheld
+        owners = torch.arange(len(self.clients))
+        replies, assembled = torch.zeros(len(self.clients), dtype=torch.long), 0
+        for route in routes.values():
+            sendable = route.sendable(fewest)
+            owner = torch.repeat_interleave(owners, route.pair_counts)
+            replies += torch.bincount(owner[sendable], minlength=owners.numel()) * width + \
+                route.pair_counts * torch.int64.itemsize
+            assembled += torch.unique(route.target_of_pair[sendable]).numel() * width + \
+                int(route.target_counts.sum()) * torch.int64.itemsize
+        return replies, assembled
+
+    def owner_batches(self, layer: int, targets: list[str], routes: dict[str, LayerRoute], held: int
+                      ) -> list[list[str]]:
+        """``targets`` (owners, in order) cut into consecutive batches whose replies fit in what
+        ``memory_budget_mb`` leaves beside the per-target sums being assembled and the ``held`` bytes
+        of sums still to forward: one batch when everything fits. One owner's reply is one message and
+        cannot be split: if it alone does not fit, the step cannot run within the budget."""
+        replies, assembled = self.reply_bytes(layer, routes)
+        budget = self.opts.memory_budget_mb * 2**20
+        room = budget - held - assembled
+        batches: list[list[str]] = [[]]
+        filled = 0
+        for c in targets:
+            size = int(replies[self.router.index[c]])
+            if size > room:
+                raise ConfigError(f"protocol.memory_budget_mb={self.opts.memory_budget_mb:g} is too small for one "
+                                  f"cross-client step: layer {layer} needs {mib(held + assembled)} MiB for the "
+                                  f"per-target sums and {mib(size)} MiB for the reply of {c}, which cannot be split; "
+                                  f"set it to at least {mib(held + assembled + size)} or lower protocol.batch_size "
+                                  f"or protocol.fanouts")
+            if filled + size > room:
+                batches.append([])
+                filled = 0
+            batches[-1].append(c)
+            filled += size
+        return batches
 
     # ---- privacy: keys, masks and the release count of every request -----------------------------------
     def agree_request_keys(self, active: list[str], handles: Handles, first: dict[str, dict]) -> dict[str, Tensor]:
@@ -670,31 +752,32 @@ class CrossClientProtocol(Protocol):
                 if bool((sender == me).any())}
 
     def senders(self, routes: dict[str, LayerRoute], channels: dict[str, tuple], peer_of: dict[str, Tensor],
-                replies: dict[str, dict]) -> dict[str, dict[str, Tensor]]:
+                sizes: dict[str, dict]) -> dict[str, dict[str, Tensor]]:
         """For each recipient and request: (target row, sender's table row, rank in the sender's stream)
         of every vector sent towards it (withheld pairs sent none)."""
         out: dict[str, dict[str, Tensor]] = {}
         for t, (sender, recipient, row, rank) in channels.items():
-            sent = self.released(routes[t], t, replies)
+            sent = self.released(routes[t], t, sizes)
             for c in recipient[sent].unique().tolist():
                 mine = sent & (recipient == c)
                 out.setdefault(self.clients[c], {})[t] = torch.stack([row[mine], peer_of[t][sender[mine]], rank[mine]])
         return out
 
-    def released(self, route: LayerRoute, trainer: str, replies: dict[str, dict]) -> Tensor:
-        """Which pairs of ``route`` (in pair order) were sent with a vector (count not zero)."""
+    def released(self, route: LayerRoute, trainer: str, sizes: dict[str, dict]) -> Tensor:
+        """Which pairs of ``route`` (in pair order) were sent with a vector (count not zero), from the
+        row counts per pair each owner replied (``sizes``)."""
         owners = [self.clients[c] for c in route.pair_counts.nonzero().flatten().tolist()]
-        return torch.cat([replies[c]["counts"][trainer] for c in owners]) > 0
+        return torch.cat([sizes[c][trainer] for c in owners]) > 0
 
-    def record_releases(self, routes: dict[str, LayerRoute], replies: dict[str, dict]) -> None:
+    def record_releases(self, routes: dict[str, LayerRoute], sizes: dict[str, dict]) -> None:
         """DP: one release for every node whose row is in a noised sum that was sent."""
         for trainer, route in routes.items():
-            self.accountant.record(route.pick_ids[self.released(route, trainer, replies)[route.pick_pair]])
+            self.accountant.record(route.pick_ids[self.released(route, trainer, sizes)[route.pick_pair]])
 
-    def count_withheld(self, requests: dict[str, dict], replies: dict[str, dict]) -> None:
+    def count_withheld(self, requests: dict[str, dict], sizes: dict[str, dict]) -> None:
         """First-layer pairs (and the picks in them) that their owner withheld (count 0)."""
-        for owner, reply in replies.items():
-            for trainer, size in reply["counts"].items():
+        for owner, by_trainer in sizes.items():
+            for trainer, size in by_trainer.items():
                 picks = torch.bincount(requests[owner][trainer]["pair"], minlength=size.numel())
                 self.first_layer["pairs"] += size.numel()
                 self.first_layer["withheld_pairs"] += int((size == 0).sum())

@@ -3,7 +3,7 @@
 The server knows which client owns each node and the node's local index there, nothing else. It
 turns a training client's remote picks (target position, global id) into requests to the picks'
 owners, grouped into (target, owner) pairs, and adds the owners' partial sums of each target back
-together before they return to the target's owner.
+together (``Assembly``, batch by batch of owners) before they return to the target's owner.
 
 Requests travel under opaque names (``Handles``): a message to a client calls the client's own
 request ``OWN`` and every other one by a handle drawn at random for the round, so an owner serving
@@ -29,6 +29,11 @@ class LayerRoute:
     target_counts: Tensor  # target rows held by each owner
     pick_ids: Tensor  # global id of every pick
     pick_pair: Tensor  # pair of every pick
+
+    def sendable(self, fewest: int) -> Tensor:
+        """Which pairs can carry a vector: those with at least ``fewest`` picks (an owner withholds a
+        pair that sums fewer rows than its threshold), known before any owner replies."""
+        return torch.bincount(self.pick_pair, minlength=self.target_of_pair.numel()) >= fewest
 
 
 OWN = "own"  # the name a client's own request carries in the messages to that client
@@ -87,28 +92,6 @@ class Router:
                 requests.setdefault(self.names[c], {})[trainer] = {"u": u[mine], "pair": local_pair[mine]}
         return requests, routes
 
-    def combine(self, routes: dict[str, LayerRoute], replies: dict[str, dict]) -> tuple[dict, dict]:
-        """Eq. (6): add each target's partial sums over owners; return {owner: {trainer: rows}} and counts.
-
-        Counts cover every pair and target; vectors only those whose count is not zero."""
-        remote: dict[str, dict[str, Tensor]] = {}
-        counts: dict[str, dict[str, Tensor]] = {}
-        for trainer, route in routes.items():
-            owners = [self.names[c] for c in route.pair_counts.nonzero().flatten().tolist()]
-            sums = torch.cat([replies[c]["sums"][trainer] for c in owners])
-            sizes = torch.cat([replies[c]["counts"][trainer] for c in owners])
-            n_targets = int(route.target_counts.sum())
-            # A pair with count 0 (withheld) carries no vector: its owner left its row out.
-            total = torch.zeros(n_targets, sums.size(1), dtype=sums.dtype).index_add_(
-                0, route.target_of_pair[sizes > 0], sums)  # int64 (masked) sums wrap in the ring
-            size = torch.zeros(n_targets, dtype=torch.long).index_add_(0, route.target_of_pair, sizes)
-            for c, rows, cnt in zip(self.names, total.split(route.target_counts.tolist()),
-                                    size.split(route.target_counts.tolist())):
-                if cnt.numel():
-                    remote.setdefault(c, {})[trainer] = rows[cnt > 0]
-                    counts.setdefault(c, {})[trainer] = cnt
-        return remote, counts
-
     def channels(self, route: LayerRoute) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Per pair: its owner (sender), its target's owner (recipient), the target's row among the
         recipient's targets and the pair's rank among the sender's pairs to that recipient."""
@@ -122,8 +105,8 @@ class Router:
 
     def scatter(self, routes: dict[str, LayerRoute], grads: dict[str, dict[str, Tensor]],
                 counts: dict[str, dict[str, Tensor]], sizes: dict[str, dict[str, Tensor]]) -> dict[str, dict]:
-        """The transpose of ``combine`` (remote backprop): each target's gradient, from the target's
-        owner, goes to every pair summed into it. ``counts``/``sizes`` are the row counts ``combine``
+        """The transpose of ``Assembly`` (remote backprop): each target's gradient, from the target's
+        owner, goes to every pair summed into it. ``counts``/``sizes`` are the row counts ``Assembly``
         sent per target and received per pair; rows exist only where they are not zero."""
         out: dict[str, dict[str, Tensor]] = {}
         for trainer, route in routes.items():
@@ -139,3 +122,66 @@ class Router:
                 out.setdefault(name, {})[trainer] = rows[sizes[name][trainer] > 0]
         return out
 
+
+class Assembly:
+    """Eq. (6) as the owners' replies arrive: each target's partial sums added over owners.
+
+    The server folds in the replies of a batch of owners (``add``) and drops them, so it never
+    holds every owner's reply at once, only one row per target that has received a vector so far
+    (a withheld pair carries no vector, and a target none of whose pairs carried one gets no row).
+    A target's row is made when its first vector arrives, in a block per ``add``; the vectors of a
+    target are added in owner order however the owners were batched, so the sums are the same bit
+    for bit as one sum over all replies. Batches must come in owner order (the order of
+    ``names``). Counts cover every pair and target.
+    """
+
+    def __init__(self, routes: dict[str, LayerRoute], names: list[str]):
+        self.routes = routes
+        self.index = {name: i for i, name in enumerate(names)}
+        self.names = names
+        self.count = {t: torch.zeros(int(r.target_counts.sum()), dtype=torch.long) for t, r in routes.items()}
+        self.slot = {t: torch.full_like(count, -1) for t, count in self.count.items()}  # row of each target
+        self.blocks: dict[str, list[Tensor]] = {t: [] for t in routes}
+
+    def add(self, replies: dict[str, dict[str, dict[str, Tensor]]]) -> None:
+        """Fold in ``{owner: {"sums": {trainer: vectors}, "counts": {trainer: rows per pair}}}``."""
+        owners = sorted(replies, key=self.index.__getitem__)
+        for trainer, route in self.routes.items():
+            first = torch.cumsum(route.pair_counts, 0) - route.pair_counts
+            mine = [(self.index[c], replies[c]) for c in owners if route.pair_counts[self.index[c]] > 0]
+            if not mine:
+                continue
+            targets = torch.cat([route.target_of_pair[first[i]:first[i] + route.pair_counts[i]] for i, _ in mine])
+            sizes = torch.cat([r["counts"][trainer] for _, r in mine])
+            sums = [r["sums"][trainer] for _, r in mine]
+            self.count[trainer].index_add_(0, targets, sizes)
+            self._sum(trainer, targets[sizes > 0], sums[0] if len(sums) == 1 else torch.cat(sums))
+
+    def _sum(self, trainer: str, targets: Tensor, vectors: Tensor) -> None:
+        """Add ``vectors`` to the rows of ``targets`` (rows made for targets seen for the first time)."""
+        slot, blocks = self.slot[trainer], self.blocks[trainer]
+        fresh = torch.unique(targets[slot[targets] < 0])
+        if fresh.numel() or not blocks:
+            made = sum(b.size(0) for b in blocks)
+            slot[fresh] = torch.arange(made, made + fresh.numel())
+            blocks.append(vectors.new_zeros(fresh.numel(), vectors.size(1)))  # int64 (masked) sums wrap in the ring
+        row, start = slot[targets], 0
+        for block in blocks:
+            inside = (row >= start) & (row < start + block.size(0))
+            block.index_add_(0, row[inside] - start, vectors[inside])
+            start += block.size(0)
+
+    def result(self) -> tuple[dict[str, dict[str, Tensor]], dict[str, dict[str, Tensor]]]:
+        """``({target owner: {trainer: one row per target with a vector}}, {target owner: {trainer:
+        count per target}})``, releasing the assembled rows trainer by trainer."""
+        remote: dict[str, dict[str, Tensor]] = {}
+        counts: dict[str, dict[str, Tensor]] = {}
+        for trainer, route in self.routes.items():
+            blocks = self.blocks.pop(trainer)
+            rows = torch.cat(blocks) if len(blocks) > 1 else blocks[0]
+            split = route.target_counts.tolist()
+            for c, cnt, slot in zip(self.names, self.count[trainer].split(split), self.slot[trainer].split(split)):
+                if cnt.numel():
+                    remote.setdefault(c, {})[trainer] = rows[slot[cnt > 0]]
+                    counts.setdefault(c, {})[trainer] = cnt
+        return remote, counts
