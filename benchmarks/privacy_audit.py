@@ -60,6 +60,9 @@ VARIANTS: list[tuple[str, dict]] = [
                 "train": {"rounds": 2, "lr": 0.001}}),
     ("FedAAS interval 1", {**HORIZONTAL, "protocol": {"name": "fedaas", "interval_loss": "train", "interval": 1},
                            "train": {"rounds": 2, "lr": 0.001}}),
+    ("FedAAS interval 1, min_pair_rows 2", {**HORIZONTAL, "protocol": {"name": "fedaas", "interval_loss": "train",
+                                                                         "interval": 1, "min_pair_rows": 2},
+                                            "train": {"rounds": 2, "lr": 0.001}}),
 ]
 
 
