@@ -277,7 +277,7 @@ TASKS: dict[str, BenchTask] = {
     "fedaas-aggregate-cs": AGGREGATE,
     "fedaas-computers": COMPUTERS,
     "fedaas-pairs": PAIRS,
-    **{f"fedaas-table2-{d}": table2(d, "global" if d in ("cs", "pubmed") else "round") for d in SPLITS},
+    **{f"fedaas-table2-{d}": table2(d, "round" if d == "physics" else "global") for d in SPLITS},
     "fedaas-cost": COST,
     "fedaas-ablation-cs": ABLATION,
     "fedaas-alpha-cs": sweep("fedaas-alpha-cs", "cs", "Fig. 6 on CS: Dirichlet α (non-iid degree).",
