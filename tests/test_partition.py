@@ -489,3 +489,30 @@ def test_table1_bench_reports_partition_statistics_without_training(tmp_path: Pa
     run_task(dataclasses.replace(task, compute=untouched), tmp_path, seeds=2, only=["pubmed"], overrides=synthetic)
     assert within({"mean": 293.3, "paper": 293}, 1.0) and not within({"mean": 220.04, "paper": 219}, 1.0)
     assert within({"mean": 1.0, "paper": None}, 1.0) is None
+
+
+def test_table1_single_neighbour_shares_match_a_count_over_the_edges() -> None:
+    """The shares of one-node (target, owner) pairs and one-neighbour nodes, counted edge by edge."""
+    from collections import Counter
+
+    from fedgl.bench.fedaas_table1 import single_neighbour_shares
+
+    g = torch.Generator().manual_seed(3)
+    edges = torch.randint(0, 120, (2, 300), generator=g)
+    edges = torch.cat([edges, edges.flip(0)], 1)
+    data = Data(x=torch.randn(120, 4), y=torch.randint(0, 3, (120,), generator=g), edge_index=edges,
+                train_mask=torch.rand(120, generator=g) < 0.7)
+    data.val_mask = ~data.train_mask
+    data.test_mask = torch.zeros(120, dtype=torch.bool)
+    part = partition_horizontal(data, 6, "random", seed=1, client_nodes="train")
+    owner = part.owner.tolist()
+    pairs, targets = Counter(), Counter()
+    for u, v in {(int(u), int(v)) for u, v in edges.t()}:  # u -> v: v aggregates u
+        if owner[u] >= 0 and owner[v] >= 0 and owner[u] != owner[v]:
+            pairs[(v, owner[u])] += 1
+            targets[v] += 1
+    shares = single_neighbour_shares(part)
+    assert pairs and 0 < shares["single_node_pairs"] < 100
+    assert shares["single_node_pairs"] == pytest.approx(100 * sum(c == 1 for c in pairs.values()) / len(pairs))
+    assert shares["single_neighbour_nodes"] == pytest.approx(
+        100 * sum(c == 1 for c in targets.values()) / len(targets))

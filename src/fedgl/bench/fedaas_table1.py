@@ -6,6 +6,9 @@ edge kept) and reports its statistics beside the paper's. V_k is gated within ±
 paper's rounding of the 8:1:1 split is not known, so the ratio datasets are also cut with per-class
 truncation ("floor" rows). E_k and ΔE
 match no reading of the paper's edge drop (docs/fedaas.md explains), so they are reported, not gated.
+Two more columns count how often a remote aggregate (Eq. 11) can only be one node's: the share of
+(target, owner) pairs whose owner holds one of the target's cross-client neighbours, and the share of
+nodes with cross-client neighbours that have exactly one (docs/fedaas.md, "Single-node partials").
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Any
 import torch
 
 from ..config import RunConfig
-from ..partition import horizontal_from_config
+from ..partition import HorizontalPartition, horizontal_from_config
 from ..runner import load_data
 from .core import BenchTask, Variant
 
@@ -40,11 +43,26 @@ _PAPER_COLUMNS = ("num_nodes", "num_edges", "max_features", "num_classes", "mean
                   "cross_edges")
 
 
+def single_neighbour_shares(part: HorizontalPartition) -> dict[str, float]:
+    """% of (target, owner) pairs of cross-client entries holding one node, and % of the nodes with
+    cross-client neighbours that have exactly one: an aggregate over them is that node's alone."""
+    targets = torch.cat([s.nodes[s.cross_edges[0]] for s in part.shards])
+    owners = part.owner[torch.cat([s.cross_edges[1] for s in part.shards])]
+    if targets.numel() == 0:
+        return {"single_node_pairs": 0.0, "single_neighbour_nodes": 0.0}
+    _, per_pair = torch.unique(targets * len(part.shards) + owners, return_counts=True)
+    per_target = torch.bincount(targets, minlength=part.num_nodes)
+    per_target = per_target[per_target > 0]
+    return {"single_node_pairs": 100 * float((per_pair == 1).double().mean()),
+            "single_neighbour_nodes": 100 * float((per_target == 1).double().mean())}
+
+
 def partition_statistics(cfg: RunConfig) -> dict[str, Any]:
     """The partition summary of the dataset and partition ``cfg`` names (as a run would build it)."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    return horizontal_from_config(load_data(cfg), cfg.partition, cfg.seed).stats.summary()
+    part = horizontal_from_config(load_data(cfg), cfg.partition, cfg.seed)
+    return part.stats.summary() | single_neighbour_shares(part)
 
 TASKS: dict[str, BenchTask] = {
     "fedaas-table1": BenchTask(
@@ -63,17 +81,19 @@ TASKS: dict[str, BenchTask] = {
             for name, (split, paper) in _TABLE1.items() if split == RATIO
         ],
         columns=["num_nodes", "num_edges", "max_features", "num_classes", "mean_nodes",
-                 "mean_intra_edges_before_drop", "mean_intra_edges", "cross_edges"],
+                 "mean_intra_edges_before_drop", "mean_intra_edges", "cross_edges", "single_node_pairs",
+                 "single_neighbour_nodes"],
         seeds=3,
         source=PAPER,
         compute=partition_statistics,
         formats={"num_nodes": COUNT, "num_edges": COUNT, "max_features": COUNT, "num_classes": COUNT,
                  "mean_nodes": ".1f", "mean_intra_edges_before_drop": MEAN, "mean_intra_edges": MEAN,
-                 "cross_edges": COUNT},
+                 "cross_edges": COUNT, "single_node_pairs": ".1f", "single_neighbour_nodes": ".1f"},
         labels={"num_nodes": "V", "num_edges": "E", "max_features": "features", "num_classes": "classes",
                 "mean_nodes": "V_k", "mean_intra_edges_before_drop": "E_k before drop",
                 "mean_intra_edges": "E_k after drop", "mean_intra_edges (paper)": "E_k (paper)",
-                "cross_edges": "ΔE"},
+                "cross_edges": "ΔE", "single_node_pairs": "one-node pairs (%)",
+                "single_neighbour_nodes": "one-neighbour nodes (%)"},
         tolerance={"mean_nodes": 1.0},
     ),
 }
