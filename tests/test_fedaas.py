@@ -321,10 +321,19 @@ def test_no_raw_feature_row_crosses(tmp_path, monkeypatch, name):
     assert audited_rows(config({"name": name, "widths": [16, 16]}, rounds=1), tmp_path, monkeypatch) == []
 
 
-@pytest.mark.parametrize("min_rows", [1, 2])
-def test_min_pair_rows_withholds_single_neighbour_pairs(tmp_path, monkeypatch, min_rows):
+# The adaptive presets sync at every step here (interval 1), so that two rounds hold syncs.
+EXCHANGING = [(name, {"interval": 1} if name in ("fedaas", "fedaas2") else {})
+              for name in PRESETS if name != "fedlocal"]
+
+
+@pytest.mark.parametrize(("name", "extra", "min_rows"),
+                         [("fedaas", {"interval": 1}, 1), *((name, extra, 2) for name, extra in EXCHANGING)])
+def test_min_pair_rows_withholds_single_neighbour_pairs(tmp_path, monkeypatch, name, extra, min_rows):
+    """The default sends single-node partials (the paper's Eq. 11); ``min_pair_rows: 2`` leaves none in
+    any preset that exchanges."""
     seen = spy_calls(monkeypatch)
-    run(build_config(config({"interval": 1, "min_pair_rows": min_rows, "fanouts": [6, 6]}, rounds=1)), tmp_path)
+    run(build_config(config({"name": name, "min_pair_rows": min_rows, "fanouts": [6, 6], **extra}, rounds=2)),
+        tmp_path)
     singles = []
     for _, method, kw, res in seen:
         if method == "serve":
