@@ -8,7 +8,7 @@ truncation ("floor" rows). E_k and ΔE
 match no reading of the paper's edge drop (docs/fedaas.md explains), so they are reported, not gated.
 Two more columns count how often a remote aggregate (Eq. 11) can only be one node's: the share of
 (target, owner) pairs whose owner holds one of the target's cross-client neighbours, and the share of
-nodes with cross-client neighbours that have exactly one (docs/fedaas.md, "Single-node partials").
+nodes with cross-client neighbours that have exactly one (docs/fedaas.md, Privacy).
 """
 
 from __future__ import annotations
@@ -70,7 +70,9 @@ TASKS: dict[str, BenchTask] = {
         description=("FedAAS's Table 1: partition statistics for 50 clients holding training nodes only "
                      "(stratified iid split, 99% of in-client edges dropped, cross-client edges kept); "
                      "no training. E_k: mean in-client directed edge entries per client; ΔE: total kept "
-                     "cross-client directed entries. V_k is gated within ±1."),
+                     "cross-client directed entries; one-node pairs / one-neighbour nodes: % of (target, owner) "
+                     "pairs holding one node, % of nodes with cross-client neighbours that have one. V_k is "
+                     "gated within ±1."),
         base=SETTING,
         variants=[
             Variant(name, {"dataset.name": name, "dataset.split": split}, dict(zip(_PAPER_COLUMNS, paper)))
