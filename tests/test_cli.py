@@ -298,3 +298,27 @@ def test_bench_reuses_a_run_made_before_an_option_existed(tmp_path):
     assert finished_summary(tmp_path, cfg)["rounds"] == 2
     other = build_config({"dataset": {"options": {"num_nodes": 300}}, "train": {"rounds": 2, "lr": 0.05}})
     assert finished_summary(tmp_path, other) is None
+
+
+def test_bench_does_not_reuse_a_run_made_before_an_option_that_changed_its_behaviour(tmp_path):
+    """FedAAS's sync counter arrived with a new default: a run saved without it synced by the authors'
+    code's counter, so it is reused only for ``sync_counter: round``."""
+    import yaml
+
+    from fedgl.bench.core import finished_summary
+    from fedgl.config import build_config
+    from fedgl.runner import Run
+
+    def cfg(counter):
+        return build_config({"dataset": {"options": {"num_nodes": 120, "num_features": 8}},
+                             "partition": {"num_clients": 2, "method": "random"},
+                             "protocol": {"name": "fedaas", "widths": [8, 8], "batches": 2, "interval_loss": "train",
+                                          "sync_counter": counter},
+                             "train": {"rounds": 1}, "network": {"compute": "ignore"}})
+
+    Run(cfg("round"), tmp_path).execute(progress=False)
+    saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    del saved["protocol"]["sync_counter"]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(saved))
+    assert finished_summary(tmp_path, cfg("round"))["rounds"] == 1
+    assert finished_summary(tmp_path, cfg("global")) is None

@@ -22,6 +22,7 @@ from rich.table import Table
 
 from ..config import RunConfig, apply_override, build_config
 from ..errors import ConfigError
+from ..protocols import protocol_class
 from ..results import CONFIG, FINISHED, SUMMARY, write_json
 from ..runner import run
 
@@ -98,6 +99,24 @@ def select_variants(task: BenchTask, only: list[str] | None) -> list[Variant]:
     return chosen
 
 
+def as_saved(saved: dict[str, Any]) -> dict[str, Any]:
+    """A saved config as its run behaved: a protocol option added since, whose default changed what a run
+    does, declares the value runs made before it behaved as (``json_schema_extra={"earlier": ...}``) and
+    takes that value instead of today's default, so such runs are not reused for today's."""
+    section = saved.get("protocol")
+    if not isinstance(section, dict):
+        return saved
+    try:
+        fields = protocol_class(section.get("name", "")).Options.model_fields
+    except ConfigError:
+        return saved
+    for key, info in fields.items():
+        extra = info.json_schema_extra
+        if key not in section and isinstance(extra, dict) and "earlier" in extra:
+            section[key] = extra["earlier"]
+    return saved
+
+
 def finished_summary(folder: Path, cfg: RunConfig) -> dict[str, Any] | None:
     """The summary of an earlier, finished run in ``folder`` made with exactly this config, if there is
     one (an interrupted run's summary says ``"finished": false`` and has no ``finished`` marker)."""
@@ -105,7 +124,7 @@ def finished_summary(folder: Path, cfg: RunConfig) -> dict[str, Any] | None:
     if not (summary.exists() and config.exists()):
         return None
     try:  # both read through today's config model: options added since then take their defaults
-        earlier = build_config(yaml.safe_load(config.read_text())).model_dump(mode="json")
+        earlier = build_config(as_saved(yaml.safe_load(config.read_text()))).model_dump(mode="json")
     except ConfigError:
         return None
     if earlier != build_config(cfg.model_dump(mode="json")).model_dump(mode="json"):

@@ -87,7 +87,8 @@ class FedAASOptions(ProtocolOptions):
     interval_rule: Literal["paper", "code"] = "paper"
     sync_counter: Literal["global", "round"] = Field("global", description=(
         "global: Algorithm 1's count i, kept by the server across rounds, +1 per step, a sync when it reaches τ "
-        "(then 0); round: the authors' code, a sync at steps j ≡ 0 (mod τ) of every round, so step 0 always syncs"))
+        "(then 0); round: the authors' code, a sync at steps j ≡ 0 (mod τ) of every round, so step 0 always syncs"),
+        json_schema_extra={"earlier": "round"})  # what runs saved before this option existed did
     tau0: int | Literal["grid"] = Field(10, description=(
         "the first interval; grid: each of 1, 2, 5, 10 tried for one round from the same state, the one whose "
         "server loss falls fastest per simulated second kept (its cost charged to round 0)"))
