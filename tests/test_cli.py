@@ -53,6 +53,12 @@ def test_missing_config_file(capsys, tmp_path):
     fails_with(capsys, ["run", str(tmp_path / "nope.yaml")], "not found")
 
 
+def test_logging_curves_draws_the_plot_at_the_end_of_the_run(tmp_path):
+    out = tmp_path / "run"
+    assert main(["run", *TINY, "--rounds", "2", "--set", "logging=[curves]", "--out", str(out), "--quiet"]) == 0
+    assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_more_clients_than_nodes(capsys, tmp_path):
     fails_with(capsys, ["run", *TINY, "--clients", "500", "--out", str(tmp_path)], "500")
 
@@ -78,7 +84,7 @@ def test_run_writes_results_folder(capsys, tmp_path):
     assert [r["round"] for r in rows] == [1, 2, 3]
     for key in ("train_loss", "val_accuracy", "test_accuracy", "bytes_total", "sim_time_s"):
         assert key in rows[0]
-    assert (out / "curves.png").stat().st_size > 0 and (out / "config.yaml").exists()
+    assert (out / "config.yaml").exists() and not (out / "curves.png").exists()  # drawn only when asked for
     assert main(["report", str(out), "--out", str(tmp_path / "rep")]) == 0
     assert (tmp_path / "rep" / "report.md").read_text().count("fedavg") == 1
 

@@ -8,6 +8,11 @@ import warnings as _warnings
 # would otherwise greet every user on every run.
 _warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
 
+# torch_geometric is imported without torch._dynamo and pandas, which a run does not use.
+from fedgl import lean_imports as _lean_imports  # noqa: E402
+
+_lean_imports.install()
+
 # The protocol registry (names only; each protocol module loads on first use) validates configs.
 from fedgl import protocols  # noqa: E402
 from fedgl.api import load_config, run  # noqa: E402

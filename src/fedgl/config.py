@@ -124,8 +124,10 @@ class RunConfig(Section):
         "torch threads per party process; 1 keeps parties from oversubscribing the cores; null = torch's default"))
     privacy: PrivacySection = Field(default_factory=PrivacyConfig, description=(
         "secure aggregation and differential privacy, where the protocol implements them"))
-    logging: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(default_factory=list, description=(
-        "experiment trackers that receive the metrics of every evaluated round, the config, summary and plots"))
+    logging: list[Literal["curves", "tensorboard", "mlflow", "wandb"]] = Field(default_factory=list, description=(
+        "curves: draw curves.png at the end of the run (fedgl report draws it for any run later); tensorboard, "
+        "mlflow, wandb: experiment trackers that receive the metrics of every evaluated round, the config, "
+        "summary and curves.png"))
 
     @field_validator("protocol")
     @classmethod

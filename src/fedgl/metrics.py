@@ -29,23 +29,20 @@ def auc_ovr(prob: torch.Tensor, y: torch.Tensor) -> float:
     n, c = prob.shape
     if n == 0:
         return float("nan")
-    order = prob.argsort(dim=0)
-    sorted_scores = prob.gather(0, order)
-    # Average ranks for ties: rank of each element = mean of the positions sharing its value.
-    ranks = torch.empty_like(prob, dtype=torch.float64)
-    positions = torch.arange(1, n + 1, dtype=torch.float64).unsqueeze(1).expand(n, c)
-    new_group = torch.ones_like(sorted_scores, dtype=torch.bool)
-    new_group[1:] = sorted_scores[1:] != sorted_scores[:-1]
-    group_id = new_group.long().cumsum(0) - 1 + torch.arange(c) * n
-    flat = group_id.flatten()
-    sums = torch.zeros(n * c, dtype=torch.float64).index_add_(0, flat, positions.flatten())
-    counts = torch.zeros(n * c, dtype=torch.float64).index_add_(0, flat, torch.ones(n * c, dtype=torch.float64))
-    ranks.scatter_(0, order, (sums / counts.clamp(min=1))[group_id])
-    positive = torch.nn.functional.one_hot(y, c).bool()
-    n_pos = positive.sum(0).double()
+    ordered, order = prob.t().sort(dim=1)  # [c, n]: each class's scores, ascending
+    position = torch.arange(n).expand(c, n)
+    starts = torch.ones(c, n, dtype=torch.bool)  # where a run of tied scores starts
+    starts[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    ends = torch.ones(c, n, dtype=torch.bool)
+    ends[:, :-1] = starts[:, 1:]
+    first = torch.where(starts, position, 0).cummax(1).values
+    last = torch.where(ends, position, n).flip(1).cummin(1).values.flip(1)
+    # A tied run at 0-based positions first .. last shares the average 1-based rank (first + last + 2) / 2.
+    positive = y[order] == torch.arange(c).unsqueeze(1)
+    rank_sum = ((first + last + 2) * positive).sum(1).double() / 2
+    n_pos = positive.sum(1).double()
     n_neg = n - n_pos
     valid = (n_pos > 0) & (n_neg > 0)
-    rank_sum = (ranks * positive).sum(0)
     auc = (rank_sum - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg).clamp(min=1)
     return float(auc[valid].mean()) if valid.any() else float("nan")
 

@@ -1,19 +1,48 @@
-"""Building a model and its optimiser from the run's config: the one place every party does it."""
+"""Building a model and its optimiser from the run's config: the one place every party does it.
+
+Parties that keep their parameters outside an optimiser object (a batched group of FedAvg clients,
+nFedGNN's users) update them with ``adam_update``/``sgd_update``: torch's own update as its optimisers
+apply it on CPU, called directly. The optimiser objects' methods import ``torch._dynamo`` on first use
+(about 1 s); these updates do not, so a FedAvg run never loads it.
+"""
 
 from __future__ import annotations
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from .config import ModelConfig, TrainConfig
 from .models import build_model
+
+BETAS = (0.9, 0.999)
+EPS = 1e-8
 
 
 def make_optimizer(params, train: TrainConfig) -> torch.optim.Optimizer:
     if train.optimizer == "adam":
         # The fused kernel updates every parameter in one call: a third faster for small client models.
-        return torch.optim.Adam(params, lr=train.lr, weight_decay=train.weight_decay, fused=True)
+        return torch.optim.Adam(params, lr=train.lr, weight_decay=train.weight_decay, betas=BETAS, eps=EPS, fused=True)
     return torch.optim.SGD(params, lr=train.lr, weight_decay=train.weight_decay)
+
+
+def adam_update(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], exp_avg_sqs: list[Tensor],
+                steps: list[Tensor], *, lr: float, weight_decay: float, decoupled: bool = False) -> None:
+    """``torch.optim.Adam(fused=True)``'s step (AdamW's when ``decoupled``) on these tensors: each
+    ``steps`` entry (a float tensor, as Adam keeps it) is counted up, then torch's fused kernel runs."""
+    if not params:
+        return
+    torch._foreach_add_(steps, 1)
+    kernel = torch._fused_adamw_ if decoupled else torch._fused_adam_
+    kernel(params, grads, exp_avgs, exp_avg_sqs, [], steps, amsgrad=False, lr=lr, beta1=BETAS[0], beta2=BETAS[1],
+           weight_decay=weight_decay, eps=EPS, maximize=False, grad_scale=None, found_inf=None)
+
+
+def sgd_update(params: list[Tensor], grads: list[Tensor], *, lr: float, weight_decay: float) -> None:
+    """``torch.optim.SGD``'s step without momentum (its per-tensor path, the one it takes on CPU)."""
+    for param, grad in zip(params, grads):
+        if weight_decay:
+            grad = grad.add(param, alpha=weight_decay)
+        param.add_(grad, alpha=-lr)
 
 
 def make_model(model: ModelConfig, in_dim: int, num_classes: int) -> nn.Module:

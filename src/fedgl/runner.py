@@ -373,7 +373,8 @@ class Run:
         write_json(self.out_dir / SUMMARY, {k: (None if isinstance(v, float) and math.isnan(v) else v)
                                              for k, v in summary.items()})
         plots = []
-        if self.metrics:
+        # Drawing loads matplotlib (about a second): only when asked for, or for trackers to show.
+        if self.metrics and ("curves" in self.cfg.logging or self.tracking.trackers):
             plot_curves({"": self.metrics}, self.out_dir / PLOT,
                         f"{summary['protocol']} on {summary['dataset']} (seed {summary['seed']})",
                         round_unit(self.cfg.protocol))

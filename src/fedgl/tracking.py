@@ -187,7 +187,7 @@ class Tracking:
     """The trackers a run's ``logging`` names, driven together; ``finish`` acts once."""
 
     def __init__(self, names: list[str], out_dir: Path):
-        self.trackers = [TRACKERS[name](out_dir) for name in dict.fromkeys(names)]
+        self.trackers = [TRACKERS[name](out_dir) for name in dict.fromkeys(names) if name in TRACKERS]
         self.finished = False
 
     def start(self, config: dict[str, Any], first_round: int = 1) -> None:

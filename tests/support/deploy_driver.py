@@ -57,7 +57,7 @@ def drive(out_json: str, run_dir: str, overrides: list[str]) -> None:
 
     def watched(self, actor, method, *args):
         methods.append(method)
-        sent.update(fingerprints(args))
+        sent.update(fingerprints(ray_transport.unpack(args)))  # tensors travel packed as numpy arrays
         return send(self, actor, method, *args)
 
     ray_transport.RayTransport._send = watched

@@ -3,7 +3,8 @@
 Each actor (a ``PartyHost``) hosts a group of parties, so ten clients on a two-core machine need not
 mean ten processes. A call to many parties becomes one remote call per host, and hosts run in
 parallel. Measuring happens in the driver, in the shared ``Transport`` code, so ledgers match the
-local backend byte for byte.
+local backend byte for byte. Dense tensors in calls and replies cross as numpy arrays (``pack``), which
+Ray's object store moves without pickling their bytes.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import socket
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 
 from ..errors import ConfigError, FedglError, PartyFailure
@@ -36,12 +38,81 @@ def check_reachable(address: str, timeout_s: float) -> None:
                           f"(waited up to {timeout_s:g} s; backend.connect_timeout_s)") from None
 
 
+# Workers hash strings as the driver's tests expect, so set and dict orders match the local backend.
+WORKER_ENV = {"PYTHONHASHSEED": "0"}
+
+
+def _start_local(ray: Any) -> None:
+    """A new Ray instance on loopback only (never a cluster found running on this machine); Ray's
+    token authentication stays on unless the user opts out. Its processes inherit ``WORKER_ENV`` from
+    this one while it starts (a ``runtime_env`` would do the same through Ray's runtime-env agent,
+    about 0.8 s more per actor)."""
+    saved = {key: os.environ.get(key) for key in WORKER_ENV}
+    os.environ.update(WORKER_ENV)
+    try:
+        ray.init(address="local", _node_ip_address="127.0.0.1", num_cpus=os.cpu_count(), include_dashboard=False,
+                 log_to_driver=False, object_store_memory=256 * 1024**2)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+class _Array:
+    """A dense CPU tensor on its way through Ray, as the numpy array Ray moves without pickling its
+    bytes: FedAvg's 3.7 MB of Cora model rows make a round trip to an actor in 7 ms this way, against
+    25 ms through torch's own pickling. A broadcast tensor (stride 0, such as one global model
+    expanded to a row per client) travels once and is expanded on arrival into ``shape``."""
+
+    __slots__ = ("array", "shape")
+
+    def __init__(self, array: np.ndarray, shape: tuple[int, ...] | None):
+        self.array, self.shape = array, shape
+
+
+def pack(value: Any) -> Any:
+    """``value`` with every dense CPU tensor in its dicts, lists and tuples as an ``_Array``."""
+    if type(value) is torch.Tensor:
+        if value.layout == torch.strided and value.device.type == "cpu" and not value.requires_grad:
+            broadcast = any(stride == 0 and size > 1 for stride, size in zip(value.stride(), value.shape))
+            base = value[tuple(slice(0, 1) if stride == 0 else slice(None) for stride in value.stride())]
+            try:  # out-of-band pickling needs contiguous bytes
+                return _Array(base.contiguous().numpy(), tuple(value.shape) if broadcast else None)
+            except (TypeError, RuntimeError):  # a dtype numpy lacks (bfloat16), a conjugate view
+                pass
+        return value
+    if type(value) is dict:
+        return {key: pack(v) for key, v in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(pack(v) for v in value)
+    return value
+
+
+def unpack(value: Any) -> Any:
+    """The inverse of ``pack``, each tensor contiguous and its own: arrays read from Ray's object store
+    are read-only views of shared memory."""
+    if type(value) is _Array:
+        tensor = torch.from_numpy(value.array.copy())
+        return tensor if value.shape is None else tensor.expand(value.shape).contiguous()
+    if type(value) is dict:
+        return {key: unpack(v) for key, v in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(unpack(v) for v in value)
+    return value
+
+
 class PartyHost(PartyGroup):
     """A Ray actor holding several parties, with its own torch thread count."""
 
     def __init__(self, threads: int):
         super().__init__()
         torch.set_num_threads(threads)
+
+    def run(self, calls: list) -> list:
+        """``PartyGroup.run`` over Ray: calls and replies ``pack``ed."""
+        return pack(super().run(unpack(calls)))
 
     def node_id(self) -> str:
         """The Ray node this host runs on (where its parties' data is)."""
@@ -101,17 +172,9 @@ class RayTransport(Transport):
         if not ray.is_initialized():
             try:
                 if address:
-                    ray.init(address=address, log_to_driver=False)
+                    ray.init(address=address, log_to_driver=False, runtime_env={"env_vars": WORKER_ENV})
                 else:
-                    ray.init(  # a new instance on loopback only (never a cluster found running on this machine);
-                        address="local",  # Ray's token authentication stays on unless the user opts out
-                        _node_ip_address="127.0.0.1",
-                        num_cpus=os.cpu_count(),
-                        include_dashboard=False,
-                        log_to_driver=False,
-                        object_store_memory=256 * 1024**2,
-                        runtime_env={"env_vars": {"PYTHONHASHSEED": "0"}},
-                    )
+                    _start_local(ray)
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 raise ConfigError(f"cannot start or reach Ray at {address or 'a local instance'}: {exc}") from exc
             self._owns_ray = True
@@ -187,8 +250,9 @@ class RayTransport(Transport):
         by_host: dict[int, list[int]] = {}
         for i, (name, _, _) in enumerate(calls):
             by_host.setdefault(self._placement[name], []).append(i)
-        results = self._gather({h: self._send(self._hosts[h], "run", [calls[i] for i in idx])
+        results = self._gather({h: self._send(self._hosts[h], "run", pack([calls[i] for i in idx]))
                                 for h, idx in by_host.items()})
+        results = {h: unpack(host_results) for h, host_results in results.items()}
         out: list[tuple[Any, tuple[float, float]]] = [None] * len(calls)  # type: ignore[list-item]
         for h, host_results in results.items():
             for i, result in zip(by_host[h], host_results):

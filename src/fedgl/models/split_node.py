@@ -23,12 +23,12 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
-from torch.optim.adam import adam
 from torch_geometric.nn import GATConv
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 from torch_geometric.utils import add_self_loops, remove_self_loops, softmax
 
 from ..errors import ConfigError
+from ..optim import BETAS, EPS, adam_update
 from .graph import dropout
 
 SPLIT_MODELS = ("gcn", "gat")
@@ -146,8 +146,8 @@ class BatchedOptimizer:
     """
 
     def __init__(self, param: Tensor, owner: Tensor, num_owners: int, kind: str, lr: float, weight_decay: float,
-                 decoupled: bool = True, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
-        self.kind, self.lr, self.weight_decay, self.betas, self.eps = kind, lr, weight_decay, betas, eps
+                 decoupled: bool = True):
+        self.kind, self.lr, self.weight_decay = kind, lr, weight_decay
         self.decoupled = decoupled
         self.owner = owner
         self.steps = torch.zeros(num_owners, dtype=torch.long)
@@ -162,10 +162,8 @@ class BatchedOptimizer:
             # every user at the same step (full participation): one fused pass is the same update
             step = torch.tensor(float(self.steps[0]))
             self.steps += 1
-            beta1, beta2 = self.betas
-            adam([param], [grad], [self.exp_avg], [self.exp_avg_sq], [], [step], fused=True, amsgrad=False,
-                 beta1=beta1, beta2=beta2, lr=self.lr, weight_decay=self.weight_decay, eps=self.eps, maximize=False,
-                 decoupled_weight_decay=self.decoupled)
+            adam_update([param], [grad], [self.exp_avg], [self.exp_avg_sq], [step], lr=self.lr,
+                        weight_decay=self.weight_decay, decoupled=self.decoupled)
             return
         if owners is None:
             self.steps += 1
@@ -180,13 +178,13 @@ class BatchedOptimizer:
         if self.kind == "sgd":
             p.add_(g, alpha=-self.lr)
         else:
-            beta1, beta2 = self.betas
+            beta1, beta2 = BETAS
             t = self.steps.double()
             step_size = (self.lr / (1 - beta1**t)).float()[pick(self.owner, idx)].unsqueeze(1)
             correction = (1 - beta2**t).sqrt().float()[pick(self.owner, idx)].unsqueeze(1)
             m = pick(self.exp_avg, idx).lerp_(g, 1 - beta1)
             v = pick(self.exp_avg_sq, idx).mul_(beta2).addcmul_(g, g, value=1 - beta2)
-            p.sub_(g.copy_(v).sqrt_().div_(correction).add_(self.eps).reciprocal_().mul_(m).mul_(step_size))
+            p.sub_(g.copy_(v).sqrt_().div_(correction).add_(EPS).reciprocal_().mul_(m).mul_(step_size))
             if idx is not None:
                 self.exp_avg.index_copy_(0, idx, m)
                 self.exp_avg_sq.index_copy_(0, idx, v)

@@ -69,7 +69,7 @@ def private_reply(rows: torch.Tensor, start: torch.Tensor, num_train: torch.Tens
 
 
 class FedAvgClient(MaskedParty, Party):
-    def __init__(self, name: str, seed: int, shard: Any, model: ModelConfig, train: TrainConfig,
+    def __init__(self, name: str, seed: int, shard: Any, model: ModelConfig, train: TrainConfig | None,
                  num_features: int, num_classes: int, local_epochs: int, batch_size: int | None,
                  index: int = 0, privacy: PrivacyConfig | None = None):
         super().__init__(name, seed)
@@ -110,7 +110,7 @@ class FedAvgGroup(Party):
     def __init__(self, name: str, seed: int, members: list[dict[str, Any]], train: TrainConfig, local_epochs: int,
                  privacy: PrivacyConfig | None = None):
         super().__init__(name, seed)
-        clients = [FedAvgClient.create(**kwargs) for kwargs in members]
+        clients = [FedAvgClient.create(**(kwargs | {"train": None})) for kwargs in members]  # the group's optimiser trains
         # ``_rng_state`` is the torch RNG state each client party would carry into its first call.
         self.trainer = ClientGroupTrainer([c.trainer for c in clients], [c._rng_state for c in clients], train)
         self.num_train = torch.tensor([c.num_train for c in clients])

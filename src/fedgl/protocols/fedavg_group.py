@@ -6,8 +6,8 @@ runs the full-batch steps of a whole group of GCN or GraphSAGE clients as a sing
 while every member keeps its own model, optimiser state and random stream:
 
 * parameters are stacked along a leading member dimension; the clients' own optimiser update
-  (``make_optimizer``: fused Adam or SGD, torch's functional form) runs on each member's rows as
-  separate parameters, so every member has its own moments and step counts and members that do
+  (``make_optimizer``'s fused Adam or SGD, applied by ``optim.adam_update``/``sgd_update``) runs on
+  each member's rows as separate parameters, so every member has its own moments and step counts and members that do
   not step this round are untouched;
 * node states are padded per member, ``[M, n_max, d]``, so hidden linear maps are one ``bmm``;
 * sparse input features are one block-diagonal CSR matrix whose member ``m`` uses feature columns
@@ -32,13 +32,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.optim.adam import adam
-from torch.optim.sgd import sgd
 
 from ..config import TrainConfig
 from ..errors import ConfigError
 from ..models.graph import SparseOperator, canonical_model_name
-from ..optim import make_optimizer
+from ..optim import adam_update, sgd_update
 from .local_training import LocalTrainer
 
 __all__ = ["GROUP_MODELS", "ClientGroupTrainer", "flat_state", "groupable", "state_from_row"]
@@ -299,13 +297,12 @@ class ClientGroupTrainer:
 
 class _MemberOptimizer:
     """The clients' optimiser applied to each member's rows of the stacked tensors as separate
-    parameters: the settings come from ``make_optimizer`` and the update is torch's own functional
-    Adam/SGD, so a member's update is the one its unbatched optimiser would make. Each (tensor,
-    member) has its own moments and step count; rows of members not stepping are not touched."""
+    parameters (``optim.adam_update``/``sgd_update``: the update ``make_optimizer``'s optimiser makes),
+    so a member's update is the one its unbatched optimiser would make. Each (tensor, member) has its
+    own moments and step count; rows of members not stepping are not touched."""
 
     def __init__(self, params: dict[str, Tensor], train: TrainConfig):
-        self.kind = train.optimizer
-        self.settings = dict(make_optimizer([torch.zeros(1, requires_grad=True)], train).defaults)
+        self.kind, self.lr, self.weight_decay = train.optimizer, train.lr, train.weight_decay
         self.num_members = next(iter(params.values())).size(0)
         if self.kind == "adam":
             self.exp_avg = {key: torch.zeros_like(p) for key, p in params.items()}
@@ -331,16 +328,11 @@ class _MemberOptimizer:
 
             grad_list = [grads[key][j] for key in params for j in range(len(members))]
             steps = tensors(self.steps) if adam_steps else []
-        s = self.settings
         if not adam_steps:
-            sgd(tensors(params), grad_list, [None] * len(grad_list), foreach=s["foreach"], fused=s["fused"],
-                weight_decay=s["weight_decay"], momentum=s["momentum"], lr=s["lr"], dampening=s["dampening"],
-                nesterov=s["nesterov"], maximize=s["maximize"])
+            sgd_update(tensors(params), grad_list, lr=self.lr, weight_decay=self.weight_decay)
             return
-        adam(tensors(params), grad_list, tensors(self.exp_avg), tensors(self.exp_avg_sq), [], steps,
-             foreach=s["foreach"], capturable=s["capturable"], differentiable=s["differentiable"], fused=s["fused"],
-             decoupled_weight_decay=s["decoupled_weight_decay"], amsgrad=s["amsgrad"], beta1=s["betas"][0],
-             beta2=s["betas"][1], lr=s["lr"], weight_decay=s["weight_decay"], eps=s["eps"], maximize=s["maximize"])
+        adam_update(tensors(params), grad_list, tensors(self.exp_avg), tensors(self.exp_avg_sq), steps, lr=self.lr,
+                    weight_decay=self.weight_decay)
         if whole:
             for t in self.steps.values():
                 t += 1

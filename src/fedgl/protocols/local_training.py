@@ -14,13 +14,14 @@ from ..optim import make_optimizer
 class LocalTrainer:
     """A model, its optimiser and one party's graph, trained on that party's labelled nodes."""
 
-    def __init__(self, model: nn.Module, model_name: str, x, edge_index, y, train_mask, train: TrainConfig):
+    def __init__(self, model: nn.Module, model_name: str, x, edge_index, y, train_mask, train: TrainConfig | None):
+        """``train`` None: the model is trained elsewhere (a FedAvg group's member), so no optimiser is made."""
         self.model = model
         self.x = as_model_input(x)
         self.graph = prepare_graph(edge_index, y.numel(), model_name)
         self.y = y
         self.train_idx = train_mask.nonzero().flatten()
-        self.optimizer = make_optimizer(model.parameters(), train)
+        self.optimizer = make_optimizer(model.parameters(), train) if train is not None else None
         self._tensors = model.state_dict(keep_vars=True)  # live parameters and buffers, by name
 
     def get_state(self) -> dict[str, torch.Tensor]:
