@@ -203,3 +203,22 @@ def test_ray_backend_matches_local(ray_session):
         assert set(snap) == {"c0", "c1", "c2"} and torch.equal(snap["c0"]["kept"], torch.ones(5))
     finally:
         remote.close()
+
+
+def test_ray_payload_packing_round_trips_every_tensor_as_its_own_copy():
+    pytest.importorskip("ray")
+    from fedgl.comm.ray_transport import _Array, pack, unpack
+
+    row = torch.arange(6.0)
+    payload = {"state": row.expand(4, -1), "ids": torch.tensor([3, 1]), "flag": torch.tensor(True),
+               "half": torch.randn(2, 2).bfloat16(), "sparse": torch.eye(3).to_sparse_csr(),
+               "nested": [(torch.ones(2, 3).t(), 1.5, "name")], "none": None}
+    packed = pack(payload)
+    assert type(packed["state"]) is _Array and packed["state"].array.shape == (1, 6)  # a broadcast travels once
+    assert type(packed["half"]) is torch.Tensor and type(packed["sparse"]) is torch.Tensor  # numpy cannot hold them
+    back = unpack(packed)
+    assert torch.equal(back["state"], payload["state"]) and back["state"].is_contiguous()
+    assert back["ids"].dtype == torch.long and back["flag"].dtype == torch.bool and back["flag"].dim() == 0
+    assert torch.equal(back["nested"][0][0], payload["nested"][0][0]) and back["nested"][0][1:] == (1.5, "name")
+    back["ids"][0] = 7  # the receiver's tensors are its own
+    assert payload["ids"][0] == 3
