@@ -38,7 +38,7 @@ def check_reachable(address: str, timeout_s: float) -> None:
                           f"(waited up to {timeout_s:g} s; backend.connect_timeout_s)") from None
 
 
-# Workers hash strings as the driver's tests expect, so set and dict orders match the local backend.
+# Ray workers hash strings with a fixed seed, so anything ordered by hashing is the same from run to run.
 WORKER_ENV = {"PYTHONHASHSEED": "0"}
 
 
