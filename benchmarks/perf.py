@@ -581,9 +581,9 @@ def glasu_cs(quick: bool) -> list[Measure]:
     except Exception as err:
         return [failed("glasu-cs", name, "x", "<= 3", err)]
     return [Measure("glasu-cs", name, federated / epoch, "x", "<= 3",
-                    f"{federated * 1e3:.0f} ms per GLASU round against {epoch * 1e3:.0f} ms per epoch of GLASU with one "
-                    "client (2 GCN layers of 64 and a classifier head); every client a full-graph pass over its "
-                    "feature block")]
+                    f"{federated * 1e3:.0f} ms per GLASU round against {epoch * 1e3:.0f} ms per epoch of GLASU with "
+                    "one client (2 GCN layers of 64 and a classifier head); every client a full-graph pass over "
+                    "its feature block")]
 
 
 def fedgnn_g_physics(quick: bool) -> list[Measure]:

@@ -41,13 +41,15 @@ def test_a_run_imports_no_plotting_until_it_draws():
 def test_a_fedavg_run_never_loads_torch_dynamo_yet_torch_geometric_can(tmp_path):
     """torch_geometric is imported with ``torch._dynamo`` deferred (``fedgl.lean_imports``): a FedAvg
     run never loads it, and torch_geometric's own use of it still works once asked for."""
+    config = {"dataset": {"options": {"num_nodes": 200}}, "train": {"rounds": 2}}
     code = (
         "import sys, fedgl\n"
-        f"fedgl.run({{'dataset': {{'options': {{'num_nodes': 200}}}}, 'train': {{'rounds': 2}}}}, out_dir={str(tmp_path)!r})\n"
+        f"fedgl.run({config!r}, out_dir={str(tmp_path)!r})\n"
         "print('torch._dynamo.eval_frame' in sys.modules)\n"
         "import torch, torch_geometric\n"
         "compiled = torch.compile(torch.nn.Linear(2, 2))\n"
-        "print(torch_geometric.is_torch_instance(compiled, torch.nn.Linear), 'torch._dynamo.eval_frame' in sys.modules)\n"
+        "print(torch_geometric.is_torch_instance(compiled, torch.nn.Linear),\n"
+        "      'torch._dynamo.eval_frame' in sys.modules)\n"
     )
     lines = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
     assert lines[:2] == ["False", "True True"]

@@ -110,7 +110,8 @@ class FedAvgGroup(Party):
     def __init__(self, name: str, seed: int, members: list[dict[str, Any]], train: TrainConfig, local_epochs: int,
                  privacy: PrivacyConfig | None = None):
         super().__init__(name, seed)
-        clients = [FedAvgClient.create(**(kwargs | {"train": None})) for kwargs in members]  # the group's optimiser trains
+        # Members are built without optimisers of their own: the group's optimiser trains them.
+        clients = [FedAvgClient.create(**(kwargs | {"train": None})) for kwargs in members]
         # ``_rng_state`` is the torch RNG state each client party would carry into its first call.
         self.trainer = ClientGroupTrainer([c.trainer for c in clients], [c._rng_state for c in clients], train)
         self.num_train = torch.tensor([c.num_train for c in clients])

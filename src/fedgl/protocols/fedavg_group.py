@@ -7,8 +7,8 @@ while every member keeps its own model, optimiser state and random stream:
 
 * parameters are stacked along a leading member dimension; the clients' own optimiser update
   (``make_optimizer``'s fused Adam or SGD, applied by ``optim.adam_update``/``sgd_update``) runs on
-  each member's rows as separate parameters, so every member has its own moments and step counts and members that do
-  not step this round are untouched;
+  each member's rows as separate parameters, so every member has its own moments and step counts
+  and members that do not step this round are untouched;
 * node states are padded per member, ``[M, n_max, d]``, so hidden linear maps are one ``bmm``;
 * sparse input features are one block-diagonal CSR matrix whose member ``m`` uses feature columns
   ``m * F .. (m + 1) * F``, so the first layer is one sparse product with the members' stacked
