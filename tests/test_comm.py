@@ -222,3 +222,25 @@ def test_ray_payload_packing_round_trips_every_tensor_as_its_own_copy():
     assert torch.equal(back["nested"][0][0], payload["nested"][0][0]) and back["nested"][0][1:] == (1.5, "name")
     back["ids"][0] = 7  # the receiver's tensors are its own
     assert payload["ids"][0] == 3
+
+
+@pytest.mark.ray
+def test_a_local_ray_instance_gives_workers_a_fixed_hash_seed_and_leaves_the_driver_as_it_was():
+    pytest.importorskip("ray")
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import os, ray\n"
+        "from fedgl.comm.ray_transport import RayTransport\n"
+        "os.environ.pop('PYTHONHASHSEED', None)\n"
+        "transport = RayTransport()\n"
+        "seed = ray.get(ray.remote(lambda: os.environ.get('PYTHONHASHSEED')).options(num_cpus=0).remote())\n"
+        "print(seed, os.environ.get('PYTHONHASHSEED'))\n"
+        "transport.close()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PYTHONHASHSEED")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["0", "None"]
