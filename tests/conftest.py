@@ -1,7 +1,9 @@
-"""Shared fixtures: the data root, a private cache folder, and one Ray instance for the session."""
+"""Shared fixtures: the data root, a private cache folder, one Ray instance for the session, and
+repeatable key pairs for secure aggregation."""
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -35,3 +37,17 @@ def ray_session():
         ray.init(address="local", _node_ip_address="127.0.0.1", num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=256 * 1024**2)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture
+def repeatable_keys(monkeypatch):
+    """Every key pair a protocol generates comes from a fixed sequence instead of the OS, so the
+    statistical tests on masked payloads give the same verdict on every run. The returned function
+    restarts the sequence: two federations then hold the same keys."""
+    from fedgl.privacy import secure_aggregation as sa
+    from support.keys import fixed_pair
+
+    sequence = [itertools.count()]
+    monkeypatch.setattr(sa.KeyPair, "generate", classmethod(
+        lambda cls, scheme=None: fixed_pair(scheme or sa.default_key_agreement(), next(sequence[0]))))
+    return lambda: sequence.__setitem__(0, itertools.count())

@@ -3,7 +3,6 @@ averages, each checked against an independent computation or an equivalent plain
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np
@@ -14,7 +13,6 @@ from torch_geometric.data import Data
 
 from fedgl.config import build_config
 from fedgl.errors import ConfigError
-from fedgl.privacy import secure_aggregation as sa
 from fedgl.privacy.config import SUPPORTED
 from fedgl.protocols.fedaas import GRID, FedAASClient, ratio_picks
 from fedgl.protocols.fedavg_group import flat_state
@@ -22,7 +20,7 @@ from fedgl.protocols.routing import Router
 from fedgl.results import read_jsonl
 from fedgl.runner import Run, run
 from test_fedaas import config
-from test_privacy import fixed_pair, top_bits
+from test_privacy import top_bits
 
 SHARED = ["fedaas", "fedcross", "fedaas-pns", "fedlocal", "fedall", "fedaas1", "fedaas2", "fedgraph-recon"]
 
@@ -179,14 +177,12 @@ def test_secure_aggregation_ends_where_the_plain_run_ends(tmp_path, name, option
     assert {row["method"] for row in job.transport.ledger.rows() if row["round"] == 0} == {"public_key", "agree"}
 
 
-def test_what_the_server_receives_from_a_fedaas_client_is_uniform_and_data_independent(tmp_path, monkeypatch):
+def test_what_the_server_receives_from_a_fedaas_client_is_uniform_and_data_independent(tmp_path, repeatable_keys):
     """Two federations on different data, with the same keys: client 0's upload is uniform in both
     and the two have the same distribution, though the models they carry differ."""
-    counter = itertools.count()
-    monkeypatch.setattr(sa.KeyPair, "generate", classmethod(
-        lambda cls, scheme=None: fixed_pair(sa.default_key_agreement(), next(counter) % 3)))
     sent = []
     for seed in (0, 1):
+        repeatable_keys()
         job = Run(build_config(secure(config({"widths": [64, 64]}) | {"seed": seed})), tmp_path / str(seed))
         proto, transport = job.protocol, job.transport
         transport.call_many(proto.clients, "start", state=proto.model.state_dict())

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
-import itertools
 import sys
 
 import numpy as np
@@ -19,6 +17,7 @@ from fedgl.privacy import dp as dp_module
 from fedgl.privacy import secure_aggregation as sa
 from fedgl.protocols.fedavg_group import flat_state
 from fedgl.runner import Run
+from support.keys import fixed_pair
 
 
 @pytest.fixture
@@ -30,13 +29,6 @@ def dpa():
 SCHEMES = [pytest.param("x25519", marks=pytest.mark.skipif(importlib.util.find_spec("cryptography") is None,
                                                              reason="X25519 needs the cryptography package")),
            "modp2048"]
-
-
-def fixed_pair(scheme: str, i: int) -> sa.KeyPair:
-    """Key pair number ``i`` from a fixed seed (the protocol draws its keys from the OS)."""
-    secret = hashlib.sha256(f"{scheme}{i}".encode()).digest()
-    private = secret if scheme == "x25519" else (int.from_bytes(secret, "big") + 2).to_bytes(sa.MODP_BYTES, "big")
-    return sa.KeyPair(scheme, private)
 
 
 def fixed_keys(scheme: str, count: int) -> list[sa.MaskingClient]:
@@ -122,14 +114,12 @@ def test_a_masked_payload_is_uniform_whatever_the_data():
     assert stats.kstest(as_unit[0].numpy(), "uniform", args=(-1, 2)).pvalue > 1e-3
 
 
-def test_what_the_server_receives_from_a_fedavg_client_is_uniform_and_data_independent(tmp_path, monkeypatch):
+def test_what_the_server_receives_from_a_fedavg_client_is_uniform_and_data_independent(tmp_path, repeatable_keys):
     """Two federations on different data, with the same keys: client 0's payload is uniform in both
     and the two payloads have the same distribution, though the models they carry differ."""
-    counter = itertools.count()
-    monkeypatch.setattr(sa.KeyPair, "generate", classmethod(
-        lambda cls, scheme=None: fixed_pair(sa.default_key_agreement(), next(counter) % 4)))
     sent = []
     for seed in (0, 1):
+        repeatable_keys()
         cfg = build_config({"seed": seed, "dataset": {"name": "synthetic"}, "partition": {"num_clients": 4},
                             "model": {"hidden": 128}, "protocol": {"name": "fedavg", "group_size": 1},
                             "privacy": {"secure_aggregation": True}})

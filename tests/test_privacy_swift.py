@@ -3,7 +3,6 @@ with masks only the recipient removes, and DP on the exchanged embeddings with i
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 
 import numpy as np
@@ -116,23 +115,14 @@ def sums_seen_by_server(cfg: dict, tmp_path) -> tuple[torch.Tensor, torch.Tensor
     return torch.cat(up), torch.cat(down)
 
 
-def test_what_the_server_sees_of_the_sums_is_uniform_whatever_the_features(tmp_path, monkeypatch):
+def test_what_the_server_sees_of_the_sums_is_uniform_whatever_the_features(tmp_path, repeatable_keys):
     """Under secure aggregation every first-layer partial sum and every forwarded total is int64 and
     uniform over the ring, with the same distribution for two different feature matrices (same keys),
     while the values they carry differ; the plain sums are far from uniform once encoded."""
-    scheme = sa.default_key_agreement()
-    counter = itertools.count()
-
-    def fixed(cls, _scheme=None):  # key pair number i from a fixed seed (the protocol draws from the OS)
-        secret = hashlib.sha256(f"{scheme}{next(counter)}".encode()).digest()
-        return sa.KeyPair(scheme, secret if scheme == "x25519" else
-                          (int.from_bytes(secret, "big") + 2).to_bytes(sa.MODP_BYTES, "big"))
-
-    monkeypatch.setattr(sa.KeyPair, "generate", classmethod(fixed))
     protocol = {"name": "fedgnn-g", "fanouts": [4, 4]}
     views = []
     for seed in (0, 1):
-        counter = itertools.count()  # the same keys, in the same order, in both federations
+        repeatable_keys()  # the same keys, in the same order, in both federations
         views.append(sums_seen_by_server(config(protocol, {"secure_aggregation": True}, seed=seed, rounds=1,
                                                 features=64), tmp_path / f"s{seed}"))
     for up, down in views:
@@ -145,7 +135,7 @@ def test_what_the_server_sees_of_the_sums_is_uniform_whatever_the_features(tmp_p
     assert stats.chisquare(np.bincount(top_bits(encoded), minlength=16)).pvalue < 1e-12
 
 
-def test_masked_gradient_uploads_are_uniform(tmp_path):
+def test_masked_gradient_uploads_are_uniform(tmp_path, repeatable_keys):
     """Under secure aggregation every gradient the server receives is an int64 row uniform over the
     ring; the plain gradients, encoded the same way, are not."""
     protocol = {"name": "swift", "K": 2, "I": 2}
