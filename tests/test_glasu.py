@@ -16,7 +16,7 @@ from fedgl.comm import NetworkModel, make_transport
 from fedgl.config import build_config, load_config
 from fedgl.data import load_dataset
 from fedgl.errors import ConfigError
-from fedgl.models.split_vertical import client_graph, features, make_block, sample_below
+from fedgl.models.split_vertical import aggregate, client_graph, features, make_block, sample_below
 from fedgl.protocols.glasu import Glasu
 from fedgl.runner import run
 
@@ -187,6 +187,16 @@ def test_parties_training_alone_send_nothing(protocol_options, partition):
 
 
 # ---- sampling --------------------------------------------------------------------------------------
+def test_mean_aggregation_sums_in_client_order():
+    """Agg's mean adds the parts in client order, without stacking them: the same bits as torch's
+    stacked mean (sequential up to 17 parts), so committed GLASU runs keep their trajectories."""
+    generator = torch.Generator().manual_seed(0)
+    for m in (1, 2, 3, 7, 17):
+        parts = [torch.randn(300, 64, generator=generator) for _ in range(m)]
+        assert torch.equal(aggregate(parts, "mean"), torch.stack(parts).mean(0))
+    assert torch.equal(aggregate(parts[:2], "concat"), torch.cat(parts[:2], dim=1))
+
+
 def test_sampler_and_blocks():
     from torch_geometric.nn.conv.gcn_conv import gcn_norm
     from torch_geometric.utils import to_dense_adj
