@@ -67,14 +67,14 @@ class DatasetSpec:
 def _planetoid(name: str, folder: str = "planetoid", **extra: object) -> DatasetSpec:
     parts = ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")
     files = tuple(f"raw/ind.{name.lower()}.{part}" for part in parts)
-    return DatasetSpec("torch_geometric.datasets:Planetoid", folder, name, files,
+    return DatasetSpec("torch_geometric.datasets.planetoid:Planetoid", folder, name, files,
                        kwargs={"name": name}, fixed_split="public", **extra)
 
 
 def _wikipedia(name: str) -> DatasetSpec:
     files = ("raw/out1_node_feature_label.txt", "raw/out1_graph_edges.txt",
              *(f"raw/{name}_split_0.6_0.2_{i}.npz" for i in range(10)))
-    return DatasetSpec("torch_geometric.datasets:WikipediaNetwork", "wikipedia_network",
+    return DatasetSpec("torch_geometric.datasets.wikipedia_network:WikipediaNetwork", "wikipedia_network",
                        f"{name}/geom_gcn", files,
                        kwargs={"name": name, "geom_gcn_preprocess": True},
                        undirected=False, fixed_split="geom-gcn",
@@ -83,7 +83,7 @@ def _wikipedia(name: str) -> DatasetSpec:
 
 
 def _npz(loader: str, folder: str, name: str, file: str, alias: str) -> DatasetSpec:
-    return DatasetSpec(f"torch_geometric.datasets:{loader}", folder, name, (f"raw/{file}",),
+    return DatasetSpec(f"torch_geometric.datasets.{loader.lower()}:{loader}", folder, name, (f"raw/{file}",),
                        kwargs={"name": name}, aliases=(alias,))
 
 
@@ -100,12 +100,12 @@ DATASETS: dict[str, DatasetSpec] = {
     "photo": _npz("Amazon", "amazon", "Photo", "amazon_electronics_photo.npz", "amazon-photo"),
     "chameleon": _wikipedia("chameleon"),
     "squirrel": _wikipedia("squirrel"),
-    "wikics": DatasetSpec("torch_geometric.datasets:WikiCS", "wikics", "", ("raw/data.json",),
+    "wikics": DatasetSpec("torch_geometric.datasets.wikics:WikiCS", "wikics", "", ("raw/data.json",),
                           kwargs={"is_undirected": True}, fixed_split="public",
                           aliases=("wiki-cs",), detail="20 fixed splits"),
-    "reddit": DatasetSpec("torch_geometric.datasets:Reddit", "reddit", "",
+    "reddit": DatasetSpec("torch_geometric.datasets.reddit:Reddit", "reddit", "",
                           ("raw/reddit_data.npz", "raw/reddit_graph.npz"), fixed_split="public"),
-    "flickr": DatasetSpec("torch_geometric.datasets:Flickr", "flickr", "",
+    "flickr": DatasetSpec("torch_geometric.datasets.flickr:Flickr", "flickr", "",
                           ("raw/adj_full.npz", "raw/feats.npy", "raw/class_map.json",
                            "raw/role.json"), fixed_split="public"),
     "ogbn-arxiv": DatasetSpec(
