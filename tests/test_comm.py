@@ -205,6 +205,27 @@ def test_ray_backend_matches_local(ray_session):
         remote.close()
 
 
+def test_a_broadcast_payload_is_copied_once_and_arrives_as_the_same_view():
+    """One model expanded to a row per member crosses in-process as one copied row, expanded again on
+    arrival; the ledger still counts every row, and the receiver cannot reach the sender's row."""
+    received = []
+
+    class Receiver(Party):
+        @rpc(state=Rows("model"))
+        def take(self, state: torch.Tensor) -> None:
+            received.append(state)
+
+    transport = make_transport("local")
+    transport.spawn(Receiver, [{"name": "group", "seed": 0}])
+    row = torch.arange(6.0)
+    transport.call("group", "take", state=row.expand(4, -1))
+    [state] = received
+    assert torch.equal(state, row.expand(4, -1)) and state.stride() == (0, 1)
+    assert state.untyped_storage().data_ptr() != row.untyped_storage().data_ptr()
+    assert state.untyped_storage().nbytes() == row.untyped_storage().nbytes()  # one row copied, not four
+    assert transport.ledger.total() == 4 * 6 * 4
+
+
 def test_ray_payload_packing_round_trips_every_tensor_as_its_own_copy():
     pytest.importorskip("ray")
     from fedgl.comm.ray_transport import _Array, pack, unpack
@@ -217,7 +238,7 @@ def test_ray_payload_packing_round_trips_every_tensor_as_its_own_copy():
     assert type(packed["state"]) is _Array and packed["state"].array.shape == (1, 6)  # a broadcast travels once
     assert type(packed["half"]) is torch.Tensor and type(packed["sparse"]) is torch.Tensor  # numpy cannot hold them
     back = unpack(packed)
-    assert torch.equal(back["state"], payload["state"]) and back["state"].is_contiguous()
+    assert torch.equal(back["state"], payload["state"]) and back["state"].stride() == (0, 1)
     assert back["ids"].dtype == torch.long and back["flag"].dtype == torch.bool and back["flag"].dim() == 0
     assert torch.equal(back["nested"][0][0], payload["nested"][0][0]) and back["nested"][0][1:] == (1.5, "name")
     back["ids"][0] = 7  # the receiver's tensors are its own

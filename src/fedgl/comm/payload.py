@@ -48,10 +48,21 @@ def nbytes(obj: Any) -> int:
     raise TypeError(f"cannot send a {type(obj).__name__} across a party boundary")
 
 
+def broadcast_base(t: torch.Tensor) -> torch.Tensor:
+    """What a broadcast view (a dense tensor with stride 0 along some dimension, such as one global
+    model expanded to a row per client) holds once; ``t`` itself when it is not one."""
+    if t.layout != torch.strided or not any(stride == 0 and size > 1 for stride, size in zip(t.stride(), t.shape)):
+        return t
+    return t[tuple(slice(0, 1) if stride == 0 else slice(None) for stride in t.stride())]
+
+
 def copy(obj: Any) -> Any:
-    """A detached deep copy: the receiver can neither mutate the sender's tensors nor reach its autograd graph."""
+    """A detached deep copy: the receiver can neither mutate the sender's tensors nor reach its autograd
+    graph. A broadcast view is copied once and arrives as the same view of that copy."""
     if isinstance(obj, torch.Tensor):
-        return obj.detach().clone()
+        tensor = obj.detach()
+        base = broadcast_base(tensor)
+        return base.clone() if base is tensor else base.clone().expand(tensor.shape)
     if isinstance(obj, np.ndarray):
         return obj.copy()
     if isinstance(obj, dict):

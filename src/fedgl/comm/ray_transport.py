@@ -20,6 +20,7 @@ import torch
 from ..errors import ConfigError, FedglError, PartyFailure
 from .network import NetworkModel
 from .party import Party, PartyGroup
+from .payload import broadcast_base
 from .shard_file import EVALUATOR_PARTY
 from .transport import Transport
 
@@ -76,10 +77,9 @@ def pack(value: Any) -> Any:
     """``value`` with every dense CPU tensor in its dicts, lists and tuples as an ``_Array``."""
     if type(value) is torch.Tensor:
         if value.layout == torch.strided and value.device.type == "cpu" and not value.requires_grad:
-            broadcast = any(stride == 0 and size > 1 for stride, size in zip(value.stride(), value.shape))
-            base = value[tuple(slice(0, 1) if stride == 0 else slice(None) for stride in value.stride())]
+            base = broadcast_base(value)
             try:  # out-of-band pickling needs contiguous bytes
-                return _Array(base.contiguous().numpy(), tuple(value.shape) if broadcast else None)
+                return _Array(base.contiguous().numpy(), None if base is value else tuple(value.shape))
             except (TypeError, RuntimeError):  # a dtype numpy lacks (bfloat16), a conjugate view
                 pass
         return value
@@ -91,11 +91,12 @@ def pack(value: Any) -> Any:
 
 
 def unpack(value: Any) -> Any:
-    """The inverse of ``pack``, each tensor contiguous and its own: arrays read from Ray's object store
-    are read-only views of shared memory."""
+    """The inverse of ``pack``, each tensor its own copy (arrays read from Ray's object store are
+    read-only views of shared memory); a broadcast tensor arrives as the same view of its copied row,
+    as the in-process transport delivers it (``payload.copy``)."""
     if type(value) is _Array:
         tensor = torch.from_numpy(value.array.copy())
-        return tensor if value.shape is None else tensor.expand(value.shape).contiguous()
+        return tensor if value.shape is None else tensor.expand(value.shape)
     if type(value) is dict:
         return {key: unpack(v) for key, v in value.items()}
     if type(value) in (list, tuple):
