@@ -103,15 +103,18 @@ def test_overhead_measure_runs_and_writes_well_formed_results(perf, tmp_path):
 def test_reading_a_dataset_imports_only_its_own_torch_geometric_module(data_root):
     """``torch_geometric.datasets`` is imported as a package whose submodules load on their own: reading
     Cora runs planetoid.py, neither the other dataset modules nor pandas (0.3 s, 80 MiB); asking the
-    package itself for a class still loads all of it."""
+    package itself for a class, or for all its names, still loads all of it."""
     code = (
         "import sys\n"
         "from fedgl.data import load_dataset\n"
         f"print(load_dataset('cora', root={str(data_root)!r}).num_nodes)\n"
         "print('pandas' in sys.modules, 'torch_geometric.datasets.karate' in sys.modules)\n"
+        "names = {}\n"
+        "exec('from torch_geometric.datasets import *', names)\n"
+        "print('Reddit' in names, 'pandas' in sys.modules)\n"
         "import torch_geometric\n"
-        "print(torch_geometric.datasets.KarateClub()[0].num_nodes, 'pandas' in sys.modules)\n"
+        "print(torch_geometric.datasets.KarateClub()[0].num_nodes)\n"
     )
     lines = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
-    assert lines[:3] == ["2708", "False False", "34 True"]
+    assert lines[:4] == ["2708", "False False", "True True", "34"]
 

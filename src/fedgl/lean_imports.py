@@ -41,11 +41,20 @@ class _StandIn(types.ModuleType):
 
 
 class _LazyPackage(_StandIn):
-    """A package whose submodules import without running its ``__init__``."""
+    """A package whose submodules import without running its ``__init__``; listing its names
+    (``__all__``, as ``import *`` does, or ``dir``) loads it whole."""
 
     def __init__(self, spec: importlib.machinery.ModuleSpec) -> None:
         super().__init__(spec.name)
         self.__path__ = list(spec.submodule_search_locations)
+
+    def __getattr__(self, attribute: str):
+        if attribute == "__all__":
+            return _real(self).__all__
+        return super().__getattr__(attribute)
+
+    def __dir__(self) -> list[str]:
+        return dir(_real(self))
 
 
 def _real(stand_in: _StandIn) -> types.ModuleType:
