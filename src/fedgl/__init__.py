@@ -8,7 +8,8 @@ import warnings as _warnings
 # would otherwise greet every user on every run.
 _warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
 
-# torch_geometric is imported without torch._dynamo, which a run does not use (lean_imports.py).
+# torch_geometric is imported without torch._dynamo, and of its datasets only the module a run reads
+# (lean_imports.py).
 from fedgl import lean_imports as _lean_imports  # noqa: E402
 
 _lean_imports.install()
