@@ -73,6 +73,28 @@ def test_ledger_records_each_message_under_its_kind():
     assert ledger.messages(kind="model") == 6
 
 
+def test_ledger_running_sums_equal_a_scan_of_its_entries_also_after_a_reload():
+    t = LocalTransport()
+    names = spawn(t)
+    for r in (1, 2, 4):
+        t.set_round(r)
+        t.call_many(names[: r], "train", state=torch.zeros(5), steps=r)
+        with t.evaluation():
+            t.call(names[0], "train", state=torch.zeros(5), steps=0)
+    reloaded = type(t.ledger)()
+    reloaded.load_state_dict(t.ledger.state_dict())
+    for ledger in (t.ledger, reloaded):
+        entries = ledger.rows()
+        training = [e for e in entries if e["kind"] != "eval"]
+        assert ledger.total() == sum(e["bytes"] for e in training) == 6 * 72  # 1 + 2 + 3 calls of 28 bytes down, 44 up
+        assert ledger.total(include_eval=True) == sum(e["bytes"] for e in entries)
+        assert ledger.round_bytes(2) == sum(e["bytes"] for e in training if e["round"] == 2) == 2 * 72
+        assert ledger.round_bytes(3) == 0
+        assert ledger.by_round() == {r: sum(e["bytes"] for e in training if e["round"] == r) for r in (1, 2, 4)}
+        assert ledger.by_kind(include_eval=False) == {k: sum(e["bytes"] for e in training if e["kind"] == k)
+                                                      for k in ("control", "embedding", "model")}
+        assert ledger.by_kind()["eval"] == sum(e["bytes"] for e in entries if e["kind"] == "eval") == 3 * 72
+
 def test_local_transport_copies_payloads_like_a_wire():
     t = LocalTransport()
     name = spawn(t, n=1)[0]

@@ -7,6 +7,7 @@ cost microseconds rather than milliseconds.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -25,11 +26,18 @@ def macro_f1(pred: torch.Tensor, y: torch.Tensor, num_classes: int) -> float:
 
 
 def auc_ovr(prob: torch.Tensor, y: torch.Tensor) -> float:
-    """Macro one-vs-rest ROC AUC over the classes present in ``y`` (ties get average ranks)."""
+    """Macro one-vs-rest ROC AUC over the classes present in ``y`` (ties get average ranks).
+
+    Each class's scores are ordered by numpy's argsort: torch's sort takes about 30 us per thousand
+    scores on CPU, most of a round's scoring on Cora. The order within a run of tied scores does not
+    matter, as the run shares one rank.
+    """
     n, c = prob.shape
     if n == 0:
         return float("nan")
-    ordered, order = prob.t().sort(dim=1)  # [c, n]: each class's scores, ascending
+    scores = prob.t().contiguous()  # [c, n]: each class's scores
+    order = torch.from_numpy(np.argsort(scores.numpy(), axis=1))  # ascending
+    ordered = scores.gather(1, order)
     position = torch.arange(n).expand(c, n)
     starts = torch.ones(c, n, dtype=torch.bool)  # where a run of tied scores starts
     starts[:, 1:] = ordered[:, 1:] != ordered[:, :-1]

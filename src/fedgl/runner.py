@@ -237,7 +237,7 @@ class Run:
             **{k: float(v) for k, v in stats.items()},
             **scores,
             "bytes_total": ledger.total(),
-            "bytes_round": ledger.by_round().get(round_index, 0),
+            "bytes_round": ledger.round_bytes(round_index),
             "sim_time_s": self.transport.clock.now,
             "wall_time_s": wall,
         }

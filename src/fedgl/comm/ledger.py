@@ -23,11 +23,18 @@ class Ledger:
     round: int = 0
     _totals: dict[tuple[int, str, str, str, str], list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0]))
     _members: dict[tuple[str, str], torch.Tensor] = field(default_factory=dict)
+    # Running sums the runner reads every round, so that reading them does not scan every entry so far
+    # (which would make a run quadratic in its rounds): bytes per kind, and training bytes per round.
+    _kinds: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    _rounds: dict[int, int] = field(default_factory=lambda: defaultdict(int))
 
     def record(self, src: str, dst: str, kind: str, nbytes: int, messages: int = 1, method: str = "") -> None:
         entry = self._totals[(self.round, src, dst, kind, method)]
         entry[0] += nbytes
         entry[1] += messages
+        self._kinds[kind] += nbytes
+        if kind != EVAL:
+            self._rounds[self.round] += nbytes
 
     def record_members(self, group: str, direction: str, members: torch.Tensor, bytes_each: int) -> None:
         """Attribute ``bytes_each`` to each listed member of a user group (direction 'up' or 'down')."""
@@ -50,6 +57,8 @@ class Ledger:
     def total(self, *, kind: str | None = None, upto_round: int | None = None, include_eval: bool = False,
               methods: tuple[str, ...] | None = None, kinds: tuple[str, ...] | None = None) -> int:
         """Bytes of the messages matching every filter given (``methods``/``kinds``: any of them)."""
+        if kind is None and kinds is None and methods is None and upto_round is None:
+            return sum(b for k, b in self._kinds.items() if include_eval or k != EVAL)
         return sum(
             b
             for (r, _, _, k, m), (b, _) in self._totals.items()
@@ -69,11 +78,7 @@ class Ledger:
         return {m: dict(sorted(kinds.items())) for m, kinds in sorted(out.items())}
 
     def by_kind(self, include_eval: bool = True) -> dict[str, int]:
-        out: dict[str, int] = defaultdict(int)
-        for (_, _, _, k, _), (b, _) in self._totals.items():
-            if include_eval or k != EVAL:
-                out[k] += b
-        return dict(sorted(out.items()))
+        return {k: b for k, b in sorted(self._kinds.items()) if include_eval or k != EVAL}
 
     def by_direction(self) -> dict[str, int]:
         out: dict[str, int] = defaultdict(int)
@@ -82,7 +87,13 @@ class Ledger:
                 out[direction(s, d)] += b
         return dict(out)
 
+    def round_bytes(self, round_index: int) -> int:
+        """Training bytes of one round."""
+        return self._rounds.get(round_index, 0)
+
     def by_round(self, include_eval: bool = False) -> dict[int, int]:
+        if not include_eval:
+            return dict(sorted(self._rounds.items()))
         out: dict[int, int] = defaultdict(int)
         for (r, _, _, k, _), (b, _) in self._totals.items():
             if include_eval or k != EVAL:
@@ -114,6 +125,11 @@ class Ledger:
         self.round = state["round"]
         self._totals = defaultdict(lambda: [0, 0], {k: list(v) for k, v in state["totals"].items()})
         self._members = dict(state["members"])
+        self._kinds, self._rounds = defaultdict(int), defaultdict(int)
+        for (r, _, _, k, _), (b, _) in self._totals.items():
+            self._kinds[k] += b
+            if k != EVAL:
+                self._rounds[r] += b
 
 
 def direction(src: str, dst: str) -> str:

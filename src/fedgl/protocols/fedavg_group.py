@@ -9,7 +9,8 @@ while every member keeps its own model, optimiser state and random stream:
   (``make_optimizer``'s fused Adam or SGD, applied by ``optim.adam_update``/``sgd_update``) runs on
   each member's rows as separate parameters, so every member has its own moments and step counts
   and members that do not step this round are untouched;
-* node states are padded per member, ``[M, n_max, d]``, so hidden linear maps are one ``bmm``;
+* node states are padded per member, ``[M, n_max, d]``, so hidden linear maps are one ``bmm``
+  (``batched_linear``);
 * sparse input features are one block-diagonal CSR matrix whose member ``m`` uses feature columns
   ``m * F .. (m + 1) * F``, so the first layer is one sparse product with the members' stacked
   ``[M * F, hidden]`` weights; propagation is one block-diagonal CSR operator built from the
@@ -43,6 +44,8 @@ __all__ = ["GROUP_MODELS", "ClientGroupTrainer", "flat_state", "groupable", "sta
 
 # Backbones whose layers are linear maps followed by a fixed propagation operator: the batched form.
 GROUP_MODELS = ("gcn", "sage")
+# Widest layer output computed in the transposed layout (``batched_linear``).
+NARROW_OUTPUT = 32
 
 
 def groupable(model_name: str) -> bool:
@@ -204,7 +207,7 @@ class ClientGroupTrainer:
             weight = leaves[key].view(k, *self.layout[key].shape)
             if isinstance(h, SparseOperator):
                 return (h @ weight.reshape(-1, weight.size(-1))).view(k, n, -1)
-            return torch.bmm(h, weight)
+            return batched_linear(h, weight)
 
         def propagate(hw: Tensor) -> Tensor:
             return (batch.adjacency @ hw.reshape(k * n, -1)).view(k, n, -1)
@@ -336,6 +339,33 @@ class _MemberOptimizer:
         if whole:
             for t in self.steps.values():
                 t += 1
+
+
+def batched_linear(h: Tensor, weight: Tensor) -> Tensor:
+    """``h @ weight`` per member (``[k, n, in] @ [k, in, out]``). For a narrow output (a classifier's
+    few classes) torch's ``bmm`` is slow in this layout, and so is its weight gradient; ``_NarrowLinear``
+    computes the same sums transposed (measured on ten 278-node members, 64 -> 7: 150 against 400 us
+    forward and backward). From about 40 columns on the plain product is as fast."""
+    if weight.size(-1) <= NARROW_OUTPUT:
+        return _NarrowLinear.apply(h, weight)
+    return torch.bmm(h, weight)
+
+
+class _NarrowLinear(torch.autograd.Function):
+    """``bmm(h, weight)`` as ``(weight^T @ h^T)^T``, with the weight gradient ``(g^T @ h)^T`` and the
+    input gradient ``g @ weight^T`` in the layout that keeps it contiguous for the layers below."""
+
+    @staticmethod
+    def forward(ctx, h: Tensor, weight: Tensor) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(h, weight)
+        return torch.bmm(weight.transpose(1, 2), h.transpose(1, 2)).transpose(1, 2)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:  # type: ignore[override]
+        h, weight = ctx.saved_tensors
+        grad_h = torch.bmm(grad, weight.transpose(1, 2)) if ctx.needs_input_grad[0] else None
+        grad_w = torch.bmm(grad.transpose(1, 2), h).transpose(1, 2) if ctx.needs_input_grad[1] else None
+        return grad_h, grad_w
 
 
 def _block_diagonal(blocks: Sequence[Tensor], rows: int, cols: int) -> Tensor:
