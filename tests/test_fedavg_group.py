@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fedgl.protocols.fedavg_group import ClientGroupTrainer, flat_state
+from fedgl.protocols.fedavg_group import NARROW_OUTPUT, ClientGroupTrainer, batched_linear, flat_state
 from fedgl.config import ModelConfig, TrainConfig, build_config
 from fedgl.errors import ConfigError
 from fedgl.models import build_model
@@ -227,3 +227,16 @@ def test_group_local_and_ray_agree(data_root, tmp_path, ray_session):
         for key in ("train_loss", "val_accuracy", "test_accuracy", "bytes_total", "sim_time_s"):
             assert a[key] == b[key], (key, a[key], b[key])
     assert (tmp_path / "local" / "ledger.jsonl").read_text() == (tmp_path / "ray" / "ledger.jsonl").read_text()
+
+
+@pytest.mark.parametrize("width", [7, 64])  # the transposed narrow form, and the plain product
+def test_batched_linear_is_the_per_member_product_with_its_gradients(width):
+    assert (width <= NARROW_OUTPUT) == (width == 7)
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(3, 11, 16, dtype=torch.float64, generator=g, requires_grad=True)
+    weight = torch.randn(3, 16, width, dtype=torch.float64, generator=g, requires_grad=True)
+    assert torch.allclose(batched_linear(h, weight), torch.stack([h[m] @ weight[m] for m in range(3)]))
+    assert torch.autograd.gradcheck(batched_linear, (h, weight))
+    out = batched_linear(h.detach(), weight)  # an input without gradient (dense features) gets none
+    out.sum().backward()
+    assert weight.grad is not None and h.grad is None
