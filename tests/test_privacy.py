@@ -16,6 +16,7 @@ from fedgl.privacy import DPConfig
 from fedgl.privacy import dp as dp_module
 from fedgl.privacy import secure_aggregation as sa
 from fedgl.protocols.fedavg_group import flat_state
+from fedgl.protocols.glasu import Glasu, GlasuClient
 from fedgl.runner import Run
 from support.keys import fixed_pair
 
@@ -182,11 +183,32 @@ def glasu_config(privacy: dict, **protocol):
                          "protocol": {"name": "glasu", "K": 2, **protocol}, "privacy": privacy})
 
 
-def test_secure_glasu_ends_where_plain_glasu_ends_and_sends_int64_representations(tmp_path):
+def test_secure_glasu_aggregates_the_plain_mean_and_sends_int64_representations(tmp_path, monkeypatch):
+    """Every mean the server decodes from the masked sums is the mean of what the clients would have
+    sent in the clear, to the fixed-point resolution, and the first round ends where plain GLASU's does.
+    Later rounds are not compared: Adam turns the 2^-33 rounding of an aggregate into a full-size step
+    wherever a gradient is near zero, so after a few rounds the two runs part by 1e-3 on some CPUs."""
+    sent, checked = [], []
+
+    def send(client, h):
+        sent.append(h.clone())
+        return plain_send(client, h)
+
+    def aggregate(server, outs):
+        mean = plain_aggregate(server, outs)
+        parts, sent[:] = sent[-len(outs):], []
+        torch.testing.assert_close(mean, torch.stack(parts).double().mean(0).float(), rtol=1e-6, atol=2.0**-30)
+        checked.append(mean.numel())
+        return mean
+
+    plain_send, plain_aggregate = GlasuClient._send, Glasu._aggregate
     plain_job, plain = run(glasu_config({}), tmp_path, "plain")
+    monkeypatch.setattr(GlasuClient, "_send", send)
+    monkeypatch.setattr(Glasu, "_aggregate", aggregate)
     job, secure = run(glasu_config({"secure_aggregation": True}), tmp_path, "secure")
+    assert len(checked) == 2 * (16 + 1) * 3  # 2 levels, for 16 mini-batches and one inference, 3 rounds
     for key in ("train_loss", "val_accuracy", "val_loss", "test_accuracy", "test_loss"):
-        assert secure.metrics[-1][key] == pytest.approx(plain.metrics[-1][key], abs=1e-5), key
+        assert secure.metrics[0][key] == pytest.approx(plain.metrics[0][key], abs=1e-6), key
 
     def forward_up(j) -> int:
         return sum(r["bytes"] for r in j.transport.ledger.rows() if r["method"] == "forward" and r["direction"] == "up")
