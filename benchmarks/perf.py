@@ -91,6 +91,7 @@ def machine() -> dict[str, Any]:
     except (OSError, StopIteration):
         pass
     return {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu, "cores": os.cpu_count(),
+            "kernels": torch.backends.cpu.get_cpu_capability(),  # the instruction set torch's CPU kernels use
             "load_average": [round(x, 2) for x in os.getloadavg()], "torch": torch.__version__,
             "python": platform.python_version()}
 
@@ -664,10 +665,11 @@ def fmt(value: float | None) -> str:
 def markdown(result: dict) -> str:
     m = result["machine"]
     ran = f"groups {', '.join(result['groups_run'])}" if result.get("groups_run") else "every group"
-    lines = [f"Last run {m['date']} ({ran}) on {m['cpu']} ({m['cores']} cores, load average {m['load_average'][0]} "
-             f"at start), torch {m['torch']}, {'quick pass' if result['quick'] else 'full pass'}. The measured "
-             "column is when the row's group ran, the load column the 1-minute load average then (the machine is "
-             "shared).", "",
+    kernels = f", {m['kernels']} kernels" if m.get("kernels") else ""
+    lines = [f"Last run {m['date']} ({ran}) on {m['cpu']} ({m['cores']} cores{kernels}, load average "
+             f"{m['load_average'][0]} at start), torch {m['torch']}, {'quick' if result['quick'] else 'full'} pass. "
+             "The measured column is when the row's group ran, the load column the 1-minute load average then (the "
+             "machine is shared).", "",
              "| group | measure | value | unit | target | pass | measured | load | notes |",
              "|---|---|---|---|---|---|---|---|---|"]
     for row in result["measures"]:
