@@ -2,6 +2,7 @@
 
     FEDGL_DATA_ROOT=/path/to/datasets python benchmarks/rerun.py                  # the default selection
     FEDGL_DATA_ROOT=/path/to/datasets python benchmarks/rerun.py --run glasu-table2-cora "cora GLASU-4" 1
+    FEDGL_DATA_ROOT=/path/to/datasets python benchmarks/rerun.py --task glasu-table2-citeseer   # every run of a task
 
 Each selected run (task, variant label, seed) is built from its task's config as ``fedgl bench`` builds it,
 trained into a temporary folder, and its summary compared with that run's row of the task's committed
@@ -26,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fedgl.errors import FedglError
 from perf import machine  # the same description of the machine as the performance suite's
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,6 +80,14 @@ def rerun(task_name: str, label: str, seed: int, results: Path = RESULTS) -> dic
             "identical": all(c["same"] for c in columns), "columns": columns}
 
 
+def committed_runs(task_name: str, results: Path = RESULTS) -> list[tuple[str, str, int]]:
+    """Every run in a task's committed results.json, as (task, variant, seed)."""
+    path = results / task_name / "results.json"
+    if not path.exists():
+        raise SystemExit(f"no committed results for {task_name!r}: {path} does not exist")
+    return [(task_name, row["variant"], row["seed"]) for row in json.loads(path.read_text())]
+
+
 def last_commit(path: Path) -> str:
     """The commit that last wrote ``path`` (abbreviated hash and date), or "uncommitted"."""
     out = subprocess.run(["git", "log", "-1", "--format=%h %ad", "--date=short", "--", str(path)], cwd=ROOT,
@@ -112,14 +122,20 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--run", nargs=3, action="append", metavar=("TASK", "VARIANT", "SEED"),
+    parser.add_argument("--run", nargs=3, action="append", default=[], metavar=("TASK", "VARIANT", "SEED"),
                         help="re-run this committed run instead of the default selection (repeatable)")
+    parser.add_argument("--task", action="append", default=[],
+                        help="re-run every committed run of this task instead of the default selection (repeatable)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for rerun.json and rerun.md")
     args = parser.parse_args(argv)
-    chosen = [(t, v, int(s)) for t, v, s in args.run] if args.run else DEFAULT
+    chosen = [(t, v, int(s)) for t, v, s in args.run] + [run for task in args.task for run in committed_runs(task)]
+    chosen = chosen or list(DEFAULT)
     result = {"machine": machine(), "runs": []}
     for task, label, seed in chosen:
-        row = rerun(task, label, seed)
+        try:
+            row = rerun(task, label, seed)
+        except FedglError as err:  # an unknown task, variant or seed: one line, no traceback
+            raise SystemExit(str(err)) from None
         result["runs"].append(row)
         differing = ", ".join(c["column"] for c in row["columns"] if not c["same"])
         verdict = f"differs in {differing}" if differing else "identical"
