@@ -7,10 +7,11 @@
 Each selected run (task, variant label, seed) is built from its task's config as ``fedgl bench`` builds it,
 trained into a temporary folder, and its summary compared with that run's row of the task's committed
 ``results.json``: every column the task tables, except timings (``*time*``, ``wall*``), which measure
-the machine. The default selection is one quick run of each protocol family with a committed table
-(about 7 minutes on 2 cores). Writes ``benchmarks/results/rerun.json`` and ``rerun.md``: the machine,
-the commit that last wrote each results.json, and per run and column the committed value, the re-run
-value and whether they are equal to the bit.
+the machine (a run a task made with ``--set`` or ``--quick`` is re-run without them). The default
+selection is one quick run of each protocol family with a committed table (about 6 minutes on 2
+cores). Writes ``benchmarks/results/rerun.json`` and ``rerun.md``: the machine, the commit that last
+wrote each results.json, and per run and column the committed value, the re-run value and whether
+they are equal to the bit.
 
 A run that is not equal is not wrong: torch's CPU kernels (its own and MKL's) choose their code paths
 by processor and round some sums differently on another CPU, and a training run can carry a last-bit
@@ -27,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedgl.errors import FedglError
+from fedgl.errors import ConfigError, FedglError
 from perf import machine  # the same description of the machine as the performance suite's
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,7 +57,6 @@ def rerun(task_name: str, label: str, seed: int, results: Path = RESULTS) -> dic
     """Train one committed run again and compare it with its committed row."""
     from fedgl.bench import get_task
     from fedgl.bench.core import variant_config
-    from fedgl.errors import ConfigError
     from fedgl.runner import run
 
     task = get_task(task_name)
@@ -108,8 +108,8 @@ def fmt(column: str, value: Any) -> str:
 def markdown(result: dict[str, Any]) -> str:
     m = result["machine"]
     lines = [f"Re-run {m['date']} on {m['cpu']} ({m['cores']} cores, {m['kernels']} kernels), torch {m['torch']}: "
-             "each run trained afresh "
-             "and compared with its row of the task's committed results.json (timings left out). Accuracies in %.",
+             "each run trained afresh and compared with its row of the task's committed results.json (timings left "
+             "out). Accuracies in %.",
              "", "| task | variant | seed | committed in | column | committed | re-run | same |",
              "|---|---|---|---|---|---|---|---|"]
     for r in result["runs"]:
