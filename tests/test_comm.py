@@ -95,6 +95,7 @@ def test_ledger_running_sums_equal_a_scan_of_its_entries_also_after_a_reload():
                                                       for k in ("control", "embedding", "model")}
         assert ledger.by_kind()["eval"] == sum(e["bytes"] for e in entries if e["kind"] == "eval") == 3 * 72
 
+
 def test_local_transport_copies_payloads_like_a_wire():
     t = LocalTransport()
     name = spawn(t, n=1)[0]
