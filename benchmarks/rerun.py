@@ -89,9 +89,13 @@ def committed_runs(task_name: str, results: Path = RESULTS) -> list[tuple[str, s
 
 
 def last_commit(path: Path) -> str:
-    """The commit that last wrote ``path`` (abbreviated hash and date), or "uncommitted"."""
-    out = subprocess.run(["git", "log", "-1", "--format=%h %ad", "--date=short", "--", str(path)], cwd=ROOT,
-                         capture_output=True, text=True).stdout.strip()
+    """The commit that last wrote ``path`` (abbreviated hash and date); "uncommitted" when git knows none,
+    "unknown" without git (an unpacked release)."""
+    try:
+        out = subprocess.run(["git", "log", "-1", "--format=%h %ad", "--date=short", "--", str(path)], cwd=ROOT,
+                             capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "unknown"
     return out or "uncommitted"
 
 
