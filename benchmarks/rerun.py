@@ -64,8 +64,8 @@ def rerun(task_name: str, label: str, seed: int, results: Path = RESULTS) -> dic
     if variant is None:
         labels = ", ".join(v.label for v in task.variants)
         raise ConfigError(f"{task_name} has no variant {label!r}; its variants: {labels}")
-    rows = json.loads((results / task_name / "results.json").read_text())
-    committed = next((r for r in rows if r["variant"] == label and r["seed"] == seed), None)
+    committed = next((r for r in committed_rows(task_name, results) if r["variant"] == label and r["seed"] == seed),
+                     None)
     if committed is None:
         raise ConfigError(f"benchmarks/results/{task_name}/results.json holds no run of {label!r} with seed {seed}")
     cfg = variant_config(task, variant, seed, {})
@@ -80,12 +80,12 @@ def rerun(task_name: str, label: str, seed: int, results: Path = RESULTS) -> dic
             "identical": all(c["same"] for c in columns), "columns": columns}
 
 
-def committed_runs(task_name: str, results: Path = RESULTS) -> list[tuple[str, str, int]]:
-    """Every run in a task's committed results.json, as (task, variant, seed)."""
+def committed_rows(task_name: str, results: Path = RESULTS) -> list[dict[str, Any]]:
+    """The rows of a task's committed results.json."""
     path = results / task_name / "results.json"
     if not path.exists():
-        raise SystemExit(f"no committed results for {task_name!r}: {path} does not exist")
-    return [(task_name, row["variant"], row["seed"]) for row in json.loads(path.read_text())]
+        raise ConfigError(f"no committed results for {task_name!r}: {path} does not exist")
+    return json.loads(path.read_text())
 
 
 def last_commit(path: Path) -> str:
@@ -132,18 +132,18 @@ def main(argv: list[str] | None = None) -> None:
                         help="re-run every committed run of this task instead of the default selection (repeatable)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for rerun.json and rerun.md")
     args = parser.parse_args(argv)
-    chosen = [(t, v, int(s)) for t, v, s in args.run] + [run for task in args.task for run in committed_runs(task)]
-    chosen = chosen or list(DEFAULT)
     result = {"machine": machine(), "runs": []}
-    for task, label, seed in chosen:
-        try:
+    try:  # an unknown task, variant or seed is one line, no traceback
+        chosen = [(t, v, int(s)) for t, v, s in args.run] + [
+            (task, row["variant"], row["seed"]) for task in args.task for row in committed_rows(task)]
+        for task, label, seed in chosen or DEFAULT:
             row = rerun(task, label, seed)
-        except FedglError as err:  # an unknown task, variant or seed: one line, no traceback
-            raise SystemExit(str(err)) from None
-        result["runs"].append(row)
-        differing = ", ".join(c["column"] for c in row["columns"] if not c["same"])
-        verdict = f"differs in {differing}" if differing else "identical"
-        print(f"{task} / {label} / seed {seed}: {verdict} ({row['seconds']} s)", flush=True)
+            result["runs"].append(row)
+            differing = ", ".join(c["column"] for c in row["columns"] if not c["same"])
+            verdict = f"differs in {differing}" if differing else "identical"
+            print(f"{task} / {label} / seed {seed}: {verdict} ({row['seconds']} s)", flush=True)
+    except FedglError as err:
+        raise SystemExit(str(err)) from None
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "rerun.json").write_text(json.dumps(result, indent=2) + "\n")
     (args.out / "rerun.md").write_text(markdown(result))
