@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -215,8 +216,6 @@ def test_report_on_corrupt_metrics(capsys, tmp_path):
 
 
 def test_unreachable_ray_address_fails_fast(capsys, tmp_path):
-    import time
-
     start = time.perf_counter()
     fails_with(capsys, ["run", *TINY, "--backend", "ray", "--set", "backend.address=127.0.0.1:1",
                         "--set", "backend.connect_timeout_s=5", "--out", str(tmp_path)], "cannot reach Ray")
@@ -256,6 +255,22 @@ def test_interrupt_checkpoints_the_last_round_and_resumes_exactly(tmp_path):
     assert [r["round"] for r in rows] == list(range(1, 7))
     for a, b in zip(straight, rows):
         assert a["train_loss"] == pytest.approx(b["train_loss"], abs=1e-6) and a["val_accuracy"] == b["val_accuracy"]
+    resumed_summary = json.loads((tmp_path / "b" / "summary.json").read_text())  # wall covers rounds 1-6
+    assert resumed_summary["wall_time_s"] > summary["wall_time_s"]
+    assert resumed_summary["wall_ms_per_round"] == pytest.approx(1e3 * resumed_summary["wall_time_s"] / 6)
+
+
+def test_wall_time_leaves_out_tearing_the_parties_down(tmp_path):
+    """Stopping the parties (Ray's shutdown takes a second or more) is not part of a run's wall time
+    nor of its milliseconds per round."""
+    from fedgl.config import build_config
+    from fedgl.runner import Run
+
+    job = Run(build_config({"dataset": {"options": {"num_nodes": 300}}, "train": {"rounds": 2}}), tmp_path)
+    close = job.transport.close
+    job.transport.close = lambda: (time.sleep(1.0), close())
+    result = job.execute(progress=False)
+    assert result.summary["wall_time_s"] - result.metrics[-1]["wall_time_s"] < 0.5
 
 
 def test_datasets_check_of_an_unknown_name(capsys):

@@ -282,6 +282,7 @@ class Run:
                         self.interrupted(time.perf_counter() - started)
                         raise KeyboardInterrupt
                     r += 1
+            wall = time.perf_counter() - started  # training and evaluation, not tearing the parties down
         except BaseException:
             self.tracking.finish(None, [])  # no-op when the partial summary was written and tracked
             raise
@@ -289,7 +290,7 @@ class Run:
             self.transport.close()
             if self.recorder is not None:
                 self.recorder.close()
-        summary = self.summarize(time.perf_counter() - started)
+        summary = self.summarize(wall)
         self.write(summary)
         (self.out_dir / FINISHED).write_text(config_hash(cfg) + "\n")
         return RunResult(self.out_dir, summary, self.metrics)
@@ -353,7 +354,7 @@ class Run:
             "sim_time_s": self.transport.clock.now,
             "wall_time_s": wall,
             "compute_s_by_party": {name: round(sec, 4) for name, sec in self.transport.compute_s.items()},
-            "wall_ms_per_round": 1e3 * wall / max(last_round - self.start_round + 1, 1) if rows else None,
+            "wall_ms_per_round": 1e3 * wall / last_round if rows else None,  # wall covers rounds 1.. on resume too
             "target_val_accuracy": target,
             "round_at_target": hit["round"] if hit else None,
             "bytes_at_target": hit["bytes_total"] if hit else None,
