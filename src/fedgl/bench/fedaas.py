@@ -279,8 +279,22 @@ PAIRS = study(
              _reference("FedAAS", dataset, "iid"))
      for prefix, dataset, extra in (("", "cs", {}), ("PubMed ", "pubmed", PUBMED)) for rows in (1, 2)])
 
+# What the τ₀ grid and secure aggregation cost: three rounds on PubMed (iid) against the plain run
+# (docs/fedaas.md, the interval rule and Privacy).
+CHECKS = BenchTask(
+    name="fedaas-checks-pubmed",
+    description="PubMed (iid), 3 rounds: FedAAS with τ₀ = 10 (the default), with τ₀ chosen by the grid "
+                "(protocol.tau0: grid) and with secure aggregation of the model averages.",
+    base=base("pubmed") | {"train": base("pubmed")["train"] | {"rounds": 3}},
+    variants=[Variant("FedAAS"), Variant("FedAAS τ₀ grid", {"protocol.tau0": "grid"}),
+              Variant("FedAAS secure aggregation", {"privacy.secure_aggregation": True})],
+    columns=["final_test_accuracy", "final_test_macro_f1", "tau0", "bytes_embedding", "bytes_model",
+             "bytes_total"],
+    seeds=1, quick=QUICK, source=SOURCE)
+
 TASKS: dict[str, BenchTask] = {
     "fedaas-aggregate-cs": AGGREGATE,
+    "fedaas-checks-pubmed": CHECKS,
     "fedaas-computers": COMPUTERS,
     "fedaas-pairs": PAIRS,
     **{f"fedaas-table2-{d}": table2(d) for d in SPLITS},
