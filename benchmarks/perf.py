@@ -430,7 +430,7 @@ def overhead(quick: bool, dataset: str = "cora", large: str = "pubmed", protocol
                 return step
             measure("fedaas", config({"name": "fedaas", "widths": [256, 128], "fanouts": [10, 10], "batches": 10,
                                       "interval_loss": "train"},
-                                     large, {"name": "gat", "hidden": 256, "layers": 2},
+                                     large, {},
                                      {"num_clients": 10, "method": "metis"}, weight_decay=0.0),
                     attention, big, f"attention 256/128 + root weight, {large}, 10 METIS clients x 10 batches, "
                     "fan-outs 10/10 (the reference: PyG GATConv, one head, plus a root Linear, two layers and a "

@@ -34,6 +34,28 @@ def test_configs_from_dicts_and_overrides():
         fedgl.load_config(train__lr=-1)
 
 
+def test_bad_configs_and_overrides_are_one_line_errors():
+    with pytest.raises(fedgl.errors.ConfigError, match="got int"):
+        fedgl.load_config(5)
+    with pytest.raises(fedgl.errors.ConfigError, match="train is not a section"):
+        fedgl.load_config({"train": 5}, train__rounds=1)
+    with pytest.raises(fedgl.errors.ConfigError, match="train__rounds"):
+        fedgl.load_config(**{"train.rounds": 3})
+
+
+def test_a_finished_run_is_replaced_only_when_asked_and_resume_needs_a_checkpoint(tmp_path):
+    tiny = {"dataset": {"options": {"num_nodes": 300}}, "train": {"rounds": 2}}
+    first = fedgl.run(tiny, out_dir=tmp_path / "run")
+    with pytest.raises(fedgl.errors.ConfigError, match="holds a finished run; pass overwrite=True"):
+        fedgl.run(tiny, out_dir=tmp_path / "run", seed=5)
+    assert first.summary == fedgl.run(tiny, out_dir=tmp_path / "run", overwrite=True).summary | {
+        k: first.summary[k] for k in ("wall_time_s", "wall_ms_per_round", "sim_time_s", "compute_s_by_party")}
+    with pytest.raises(fedgl.errors.ConfigError, match="resume=True needs out_dir"):
+        fedgl.run(tiny, resume=True)
+    with pytest.raises(fedgl.errors.ConfigError, match="no checkpoint"):
+        fedgl.run(tiny, out_dir=tmp_path / "empty", resume=True)
+
+
 def test_the_example_script_runs_and_repeats_itself(data_root, tmp_path):
     script = Path(__file__).resolve().parents[1] / "examples" / "api_fedavg_cora.py"
     assert "from fedgl" not in script.read_text()  # the public API only

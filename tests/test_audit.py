@@ -27,10 +27,12 @@ SYNTHETIC = {"name": "synthetic", "options": {"num_nodes": 400, "num_features": 
 
 def config(protocol: dict, rounds: int = 2, model: dict | None = None, partition: dict | None = None,
            privacy: dict | None = None, dataset: dict | None = None) -> dict:
-    """A small recorded run; hidden width = feature width, so hidden rows are compared with raw rows too."""
+    """A small recorded run; hidden width = feature width, so hidden rows are compared with raw rows too
+    (FedAAS builds its model from its protocol section and takes no model section)."""
     return {
         "dataset": dataset or SYNTHETIC,
-        "model": {"name": "sage", "hidden": FEATURES, "layers": 2, "dropout": 0.5, **(model or {})},
+        **({} if protocol["name"] == "fedaas" else
+           {"model": {"name": "sage", "hidden": FEATURES, "layers": 2, "dropout": 0.5, **(model or {})}}),
         "partition": {"num_clients": 4, "method": "metis", **(partition or {})},
         "protocol": protocol,
         "train": {"rounds": rounds, "lr": 0.01},

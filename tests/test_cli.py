@@ -48,6 +48,9 @@ def test_malformed_yaml(capsys, tmp_path):
     scalar = tmp_path / "scalar.yaml"
     scalar.write_text("just a string\n")
     fails_with(capsys, ["run", str(scalar)], "mapping")
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("dataset: {name: synthetic}\ntrain:\n  rounds: 2\n  rounds: 3\n")
+    fails_with(capsys, ["run", str(twice)], "twice.yaml", "line 4", "'rounds' is given twice")
 
 
 def test_missing_config_file(capsys, tmp_path):
@@ -343,3 +346,65 @@ def test_bench_does_not_reuse_a_run_made_before_an_option_that_changed_its_behav
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(saved))
     assert finished_summary(tmp_path, cfg("round"))["rounds"] == 1
     assert finished_summary(tmp_path, cfg("global")) is None
+
+
+def test_settings_that_would_train_on_nothing_or_silently_do_nothing(capsys, tmp_path):
+    """Each is refused before training, naming the key: an infinite value (training would be NaN),
+    a split leaving no validation nodes (every score NaN), a stop without a target, LLCG ending
+    before its first average, FedGNN-PNS's decay that could never act, a thread count torch would
+    crash on, and a model section FedAAS would ignore."""
+    out = ["--out", str(tmp_path)]
+    fails_with(capsys, ["run", *TINY, *out, "--set", "train.lr=.inf"], "train.lr", "finite")
+    fails_with(capsys, ["run", *TINY, *out, "--set", "dataset.split=ratio:0.9,0,0.1"], "no validation nodes",
+               "dataset.split")
+    fails_with(capsys, ["run", *TINY, *out, "--set", "eval.stop_at_target=true"], "target_val_accuracy")
+    fails_with(capsys, ["run", *TINY, *out, "--protocol", "llcg", "--set", "model.name=sage"],
+               "protocol.local_steps", "train.rounds")
+    fails_with(capsys, ["run", *TINY, *out, "--protocol", "fedgnn-pns", "--set", "model.name=sage", "--set",
+                        "protocol.min_interval=50"], "invalid config: protocol: min_interval (50)")
+    fails_with(capsys, ["run", *TINY, *out, "--set", "threads=100000"], "threads")
+    fails_with(capsys, ["run", *TINY, *out, "--protocol", "fedaas", "--set", "partition.client_nodes=train",
+                        "--set", "model.name=bogus"], "remove model.name")
+    fails_with(capsys, ["run", *TINY, *out, "--protocol", "fedaas", "--set", "partition.client_nodes=train",
+                        "--set", "protocol.policy_choices=[-3, 0]"], "protocol.policy_choices")
+
+
+def test_backend_parties_must_name_parties_of_the_run(capsys, tmp_path):
+    fails_with(capsys, ["run", *TINY, "--out", str(tmp_path), "--set", "backend.parties={nobody: {node: x}}"],
+               "no party nobody", "group0")
+
+
+def test_resume_cannot_go_back_before_the_checkpoint(capsys, tmp_path):
+    assert main(["run", *TINY, "--out", str(tmp_path), "--set", "checkpoint_every=1"]) == 0
+    fails_with(capsys, ["run", *TINY, "--out", str(tmp_path), "--set", "checkpoint_every=1", "--resume",
+                        "--rounds", "1"], "round 3", "train.rounds = 1")
+
+
+def test_report_and_partition_name_bad_folders(capsys, tmp_path):
+    run_dir, afile = tmp_path / "run", tmp_path / "afile"
+    afile.write_text("")
+    assert main(["run", *TINY, "--out", str(run_dir)]) == 0
+    capsys.readouterr()
+    half = tmp_path / "half"
+    half.mkdir()
+    (half / "summary.json").write_text((run_dir / "summary.json").read_text())
+    fails_with(capsys, ["report", str(half)], "no metrics.jsonl")
+    (half / "summary.json").write_text("[1, 2]")
+    fails_with(capsys, ["report", str(half)], "not a JSON object")
+    fails_with(capsys, ["report", str(run_dir), "--out", str(afile)], "--out", "is a file")
+    fails_with(capsys, ["report", str(run_dir), "--html", str(tmp_path)], "--html", "is a folder")
+    fails_with(capsys, ["partition", "--out", str(afile / "shards")], "cannot be written")
+    fails_with(capsys, ["run", str(tmp_path)], "is a folder, not a config file")
+
+
+def test_bench_refuses_bad_seeds_and_reads_set_values_as_run_does(capsys, tmp_path):
+    fails_with(capsys, ["bench", "foundation-cora", "--seeds", "0", "--out", str(tmp_path)], "--seeds")
+    fails_with(capsys, ["bench", "foundation-cora", "--quick", "--set", "train.rounds=[1,", "--out", str(tmp_path)],
+               "train.rounds")
+
+
+def test_a_model_too_large_to_allocate_is_one_line(capsys, tmp_path):
+    """256 TB of weights (beyond any 64-bit address space): torch's allocator refuses at once."""
+    assert main(["run", *TINY, "--out", str(tmp_path), "--set", "model.hidden=1000000000000"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("fedgl: run failed: out of memory"), err

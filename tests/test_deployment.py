@@ -35,7 +35,7 @@ PROTOCOLS = {  # every protocol with parties
     "cnfgnn": {"protocol": {"name": "cnfgnn"}},
     "swift": {"protocol": {"name": "swift", "K": 2}},
     "fedgnn-pns": {"protocol": {"name": "fedgnn-pns"}},
-    "llcg": {"protocol": {"name": "llcg"}, "model": {"name": "sage"}},
+    "llcg": {"protocol": {"name": "llcg", "local_steps": 1}, "model": {"name": "sage"}},
     "fedaas": {"protocol": {"name": "fedaas", "interval_loss": "train", "batches": 4}},
     # keys are agreed once every party holds its shard (Protocol.start), never while partitioning
     "fedavg-secure": {"protocol": {"name": "fedavg", "group_size": 1}, "privacy": {"secure_aggregation": True}},

@@ -135,7 +135,7 @@ RESUMABLE = {
     "cnfgnn": {},
     "swift": {"protocol": {"name": "swift", "K": 2}},
     "fedgnn-pns": {},
-    "llcg": {"model": {"name": "sage"}},
+    "llcg": {"protocol": {"name": "llcg", "local_steps": 1}, "model": {"name": "sage"}},
     "fedaas": {"protocol": {"name": "fedaas", "interval_loss": "train", "batches": 4}},
 }
 

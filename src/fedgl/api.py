@@ -15,7 +15,8 @@ import copy
 from pathlib import Path
 from typing import Any
 
-from .config import RunConfig, build_config, read_yaml
+from .config import RunConfig, build_config, read_yaml, set_key
+from .errors import ConfigError
 
 
 def load_config(config: RunConfig | str | Path | dict[str, Any] | None = None, **overrides: Any) -> RunConfig:
@@ -27,24 +28,29 @@ def load_config(config: RunConfig | str | Path | dict[str, Any] | None = None, *
         data = copy.deepcopy(config)
     elif config is None:
         data = {}
-    else:
+    elif isinstance(config, (str, Path)):
         data = read_yaml(config)
+    else:
+        raise ConfigError(f"config must be a RunConfig, a YAML path, a dict of sections or None "
+                          f"(got {type(config).__name__})")
     for key, value in overrides.items():
-        node = data
-        *sections, leaf = key.split("__")
-        for section in sections:
-            node = node.setdefault(section, {})
-        node[leaf] = value
+        if "." in key:
+            raise ConfigError(f"override {key!r}: keyword overrides use __ for the dots of --set "
+                              f"({key.replace('.', '__')})")
+        set_key(data, key.split("__"), value, key)
     return build_config(data)
 
 
 def run(config: RunConfig | str | Path | dict[str, Any] | None = None, *, out_dir: str | Path | None = None,
-        resume: bool = False, progress: bool = False, **overrides: Any):
+        resume: bool = False, overwrite: bool = False, progress: bool = False, **overrides: Any):
     """Train one federation and write its results folder; returns a ``RunResult`` (``summary``,
-    ``metrics``, ``out_dir``, ``ledger()``, ``config_path``)."""
-    from .runner import run as execute
+    ``metrics``, ``out_dir``, ``ledger()``, ``config_path``). As with ``fedgl run``, a folder holding a
+    finished run is replaced only with ``overwrite=True``, and ``resume=True`` needs ``out_dir`` with
+    a checkpoint."""
+    from .runner import API_NAMES, prepare
 
-    return execute(load_config(config, **overrides), out_dir, resume=resume, progress=progress)
+    job = prepare(load_config(config, **overrides), out_dir, resume=resume, overwrite=overwrite, names=API_NAMES)
+    return job.execute(progress=progress)
 
 
 __all__ = ["load_config", "run"]

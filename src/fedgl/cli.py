@@ -11,6 +11,7 @@ import functools
 import gc
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -39,18 +40,12 @@ _FLAGS = {  # run flags that are shorthands for config keys
 def _run(args: argparse.Namespace) -> int:
     from .config import load_config
     from .progress import human_bytes
-    from .runner import Run
+    from .runner import prepare
 
     overrides = [f"{key}={value}" for flag, key in _FLAGS.items() if (value := getattr(args, flag)) is not None]
     cfg = load_config(args.config, overrides + list(args.set or []))
-    if args.out:
-        check_out_dir(Path(args.out), resume=args.resume, overwrite=args.overwrite)
-    elif args.resume:
-        raise ConfigError("--resume needs --out: the folder of the run to continue")
-    job = Run(cfg, args.out)
+    job = prepare(cfg, args.out, resume=args.resume, overwrite=args.overwrite)
     if args.resume:
-        if not job.resume():
-            raise ConfigError(f"cannot resume: {args.out} holds no checkpoint (set checkpoint_every to write them)")
         console().print(f"resuming from round {job.start_round}")
     try:
         result = job.execute(progress=not (args.quiet or args.json))
@@ -78,23 +73,6 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_out_dir(out: Path, *, resume: bool, overwrite: bool) -> None:
-    """Refuse a results folder that would silently lose a finished run, or that cannot be one."""
-    from .results import FINISHED
-
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file, not a folder")
-    if (out / FINISHED).exists() and not (resume or overwrite):
-        raise ConfigError(f"--out {out} holds a finished run; pass --overwrite to replace it or choose another folder")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".fedgl-write-test"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as err:
-        raise ConfigError(f"--out {out} cannot be written: {err.strerror or err}") from None
-
-
 def _bench(args: argparse.Namespace) -> int:
     from .bench import all_tasks, get_task, run_task
 
@@ -102,12 +80,11 @@ def _bench(args: argparse.Namespace) -> int:
         for name, task in sorted(all_tasks().items()):
             console().print(f"[bold]{name}[/bold]: {task.description}")
         return 0
-    overrides = {}
-    for assignment in args.set or []:
-        key, _, value = assignment.partition("=")
-        import yaml
+    from .config import parse_override
 
-        overrides[key] = yaml.safe_load(value)
+    if args.seeds is not None and args.seeds < 1:
+        raise ConfigError(f"--seeds must be at least 1 (got {args.seeds})")
+    overrides = dict(parse_override(assignment) for assignment in args.set or [])
     task = get_task(args.task)
     out = Path(args.out) if args.out else Path("benchmarks") / "results" / task.name
     run_task(task, out, seeds=args.seeds, quick=args.quick, backend=args.backend, overrides=overrides,
@@ -165,10 +142,11 @@ def _partition(args: argparse.Namespace) -> int:
     from .config import load_config
     from .deployment import write_shards
 
+    from .runner import check_out_dir
+
     cfg = load_config(args.config, list(args.set or []))
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file, not a folder")
+    check_out_dir(out, resume=False, overwrite=False)
     manifest = write_shards(cfg, out)
     console().print(f"{len(manifest['parties'])} party shards, the server's state and the evaluator's ground truth "
                   f"written to {out}; run with --set backend.shards={out}")
@@ -252,6 +230,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except RunFailed as err:
         print(f"fedgl: run failed: {err}", file=sys.stderr)
+        return 1
+    except (MemoryError, RuntimeError) as err:  # torch's CPU allocator raises a RuntimeError
+        wanted = re.search(r"tried to allocate (\d+) bytes", str(err))
+        if not isinstance(err, MemoryError) and "can't allocate memory" not in str(err):
+            raise
+        size = f" ({int(wanted.group(1)) / 2**30:,.1f} GiB at once)" if wanted else ""
+        print(f"fedgl: run failed: out of memory{size}; a smaller model, batch or graph needs less",
+              file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("fedgl: interrupted", file=sys.stderr)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError
 from .privacy.config import PrivacyConfig, PrivacySection
@@ -37,7 +37,7 @@ def protocol_options(section: dict[str, Any]) -> BaseModel:
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class DatasetConfig(Section):
@@ -80,6 +80,12 @@ class EvalConfig(Section):
     target_val_accuracy: float | None = Field(None, gt=0, le=1)
     stop_at_target: bool = False
 
+    @model_validator(mode="after")
+    def _target(self):
+        if self.stop_at_target and self.target_val_accuracy is None:
+            raise ValueError("stop_at_target needs target_val_accuracy")
+        return self
+
 
 class PartyPlacement(Section):
     node: str | None = Field(None, description=(
@@ -120,7 +126,7 @@ class RunConfig(Section):
     backend: BackendConfig = Field(default_factory=BackendConfig)
     network: NetworkConfig = Field(default_factory=NetworkConfig)
     checkpoint_every: int = Field(0, ge=0, description="rounds between checkpoints; 0 = none")
-    threads: int | None = Field(1, ge=1, description=(
+    threads: int | None = Field(1, ge=1, le=1024, description=(
         "torch threads per party process; 1 keeps parties from oversubscribing the cores; null = torch's default"))
     privacy: PrivacySection = Field(default_factory=PrivacyConfig, description=(
         "secure aggregation and differential privacy, where the protocol implements them"))
@@ -146,10 +152,11 @@ class RunConfig(Section):
 def describe(err: ValidationError, prefix: str = "") -> str:
     """One line naming the first bad key, the problem and the value given."""
     first = err.errors()[0]
-    where = prefix + (".".join(str(p) for p in first["loc"]) or "config")
+    # A check of a whole section (a model validator) has no key of its own: the section is named.
+    where = (prefix + ".".join(str(p) for p in first["loc"])).rstrip(".") or "config"
     got = first.get("input")
     shown = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
-    return f"invalid config: {where}: {first['msg']}{shown}"
+    return f"invalid config: {where}: {first['msg'].removeprefix('Value error, ')}{shown}"
 
 
 def build_config(data: dict[str, Any]) -> RunConfig:
@@ -159,8 +166,24 @@ def build_config(data: dict[str, Any]) -> RunConfig:
         raise ConfigError(describe(err)) from None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (the second would silently win)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path} is a folder, not a config file")
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
@@ -170,7 +193,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     except OSError as err:
         raise ConfigError(f"cannot read config file {path}: {err.strerror or err}") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -182,23 +205,34 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def apply_override(data: dict[str, Any], assignment: str) -> None:
-    """Apply one ``section.key=value`` override; the value is parsed as YAML (numbers, lists, null)."""
+def parse_override(assignment: str) -> tuple[str, Any]:
+    """``section.key=value`` as (dotted key, value); the value is parsed as YAML (numbers, lists, null),
+    or kept as the text it is when it is not YAML."""
     key, sep, raw = assignment.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"override {assignment!r} must look like section.key=value")
     try:
-        value = yaml.safe_load(raw)
+        return key.strip(), yaml.safe_load(raw)
     except yaml.YAMLError:
-        value = raw
+        return key.strip(), raw
+
+
+def set_key(data: dict[str, Any], parts: list[str], value: Any, label: str) -> None:
+    """Set ``value`` at the path ``parts`` of a config mapping, making sections on the way; ``label``
+    names the override in the error when a step of the path is not a section."""
     node = data
-    parts = key.strip().split(".")
     for part in parts[:-1]:
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            raise ConfigError(f"override {assignment!r}: {part} is not a section")
+            raise ConfigError(f"override {label}: {part} is not a section")
         node = child
     node[parts[-1]] = value
+
+
+def apply_override(data: dict[str, Any], assignment: str) -> None:
+    """Apply one ``section.key=value`` override."""
+    key, value = parse_override(assignment)
+    set_key(data, key.split("."), value, repr(assignment))
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:

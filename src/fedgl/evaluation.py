@@ -13,6 +13,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch_geometric.data import Data
 
+from .errors import DataError
 from .metrics import classification_metrics
 from .models import as_model_input, prepare_graph
 
@@ -21,6 +22,11 @@ SPLITS = ("val", "test")  # what the runner reports; scoring the train split eve
 
 class Evaluator:
     def __init__(self, data: Data):
+        empty = [split for split in SPLITS if not bool(getattr(data, f"{split}_mask").any())]
+        if empty:  # every score would be NaN
+            names = {"val": "validation", "test": "test"}
+            raise DataError(f"the dataset's split leaves no {' and no '.join(names[s] for s in empty)} nodes to "
+                            f"score; give each some nodes (dataset.split)")
         self.data = data
         self.num_classes = int(data.num_classes)
         self._x = as_model_input(data.x)

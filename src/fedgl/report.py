@@ -124,6 +124,9 @@ def terminal_table(runs: dict[str, tuple[dict, list[dict], str]], *, narrow: boo
 def report(folders: list[Path], out: Path | None, console: Console, html_path: Path | None = None) -> None:
     """Print the runs' summary table; with ``out`` write report.md, curves.png and report.html there;
     with ``html_path`` the HTML page there."""
+    for flag, path, kind in (("--out", out, "folder"), ("--html", html_path, "file")):
+        if path is not None and path.exists() and path.is_dir() != (kind == "folder"):
+            raise ConfigError(f"{flag} {path} is a {'file' if kind == 'folder' else 'folder'}, not a {kind}")
     runs = load_runs(folders)
     table = terminal_table(runs, narrow=console.is_terminal)
     # A terminal gets a table that fits its width; logs and pipes get the whole table, never cut.

@@ -44,6 +44,10 @@ def load_run(folder: str | Path) -> tuple[dict, list[dict]]:
         summary = json.loads((folder / SUMMARY).read_text(errors="replace"))
     except json.JSONDecodeError:
         raise ConfigError(f"{folder / SUMMARY} is corrupt: not JSON") from None
+    if not isinstance(summary, dict):
+        raise ConfigError(f"{folder / SUMMARY} is corrupt: not a JSON object")
+    if not (folder / METRICS).is_file():
+        raise ConfigError(f"{folder} is not a finished run folder (no {METRICS})")
     return summary, read_jsonl(folder / METRICS)
 
 

@@ -20,6 +20,7 @@ import yaml
 
 from .comm import NetworkModel, make_transport
 from .comm.ledger import SERVER
+from .comm.shard_file import EVALUATOR_PARTY
 from .config import RunConfig
 from .data import load_dataset
 from .errors import ConfigError, PartyFailure, RunFailed
@@ -154,6 +155,10 @@ class Run:
             self.evaluator = Evaluator(data)
             self.protocol = protocol_class(cfg.protocol_name)(cfg, self.transport)
             self.protocol.setup(data)
+        unknown = sorted(set(b.parties) - set(self.transport.parties) - {EVALUATOR_PARTY})
+        if unknown:  # a misspelt name would silently leave its party unpinned
+            raise ConfigError(f"backend.parties: this run has no party {', '.join(unknown)}; its parties are "
+                              f"{', '.join(self.transport.parties)} and {EVALUATOR_PARTY}")
         self.protocol.start()
         self.metrics: list[dict[str, Any]] = []
         self.start_round = 1
@@ -223,6 +228,9 @@ class Run:
         self.transport.clock.now = state["clock"]
         torch.set_rng_state(state["rng"])
         self.metrics = state["metrics"]
+        if state["round"] > self.cfg.train.rounds:
+            raise ConfigError(f"cannot resume: the checkpoint in {self.out_dir} is at round {state['round']}, past "
+                              f"train.rounds = {self.cfg.train.rounds}")
         self.start_round = state["round"] + 1
         self.wall_offset = state["wall"]
         return True
@@ -390,3 +398,38 @@ def run(cfg: RunConfig, out_dir: str | Path | None = None, *, resume: bool = Fal
     if resume:
         job.resume()
     return job.execute(progress=progress)
+
+
+# How a user names the results folder and its options: on the command line, or in ``fedgl.run``.
+CLI_NAMES = {"out": "--out", "overwrite": "--overwrite", "resume": "--resume"}
+API_NAMES = {"out": "out_dir", "overwrite": "overwrite=True", "resume": "resume=True"}
+
+
+def check_out_dir(out: Path, *, resume: bool, overwrite: bool, names: dict[str, str] = CLI_NAMES) -> None:
+    """Refuse a results folder that would silently lose a finished run, or that cannot be one."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{names['out']} {out} is a file, not a folder")
+    if (out / FINISHED).exists() and not (resume or overwrite):
+        raise ConfigError(f"{names['out']} {out} holds a finished run; pass {names['overwrite']} to replace it or "
+                          f"choose another folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".fedgl-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise ConfigError(f"{names['out']} {out} cannot be written: {err.strerror or err}") from None
+
+
+def prepare(cfg: RunConfig, out_dir: str | Path | None, *, resume: bool = False, overwrite: bool = False,
+            names: dict[str, str] = CLI_NAMES) -> Run:
+    """The run a user asked for (the ``fedgl run`` command and ``fedgl.run``): a folder holding a
+    finished run is replaced only when asked, and a resume needs a folder with a checkpoint."""
+    if out_dir is not None:
+        check_out_dir(Path(out_dir), resume=resume, overwrite=overwrite, names=names)
+    elif resume:
+        raise ConfigError(f"{names['resume']} needs {names['out']}: the folder of the run to continue")
+    job = Run(cfg, out_dir)
+    if resume and not job.resume():
+        raise ConfigError(f"cannot resume: {out_dir} holds no checkpoint (set checkpoint_every to write them)")
+    return job

@@ -193,8 +193,8 @@ def _expected_files(spec: DatasetSpec, data_root: str) -> str:
 
 
 def _missing_message(name: str, spec: DatasetSpec, data_root: str) -> str:
-    return (f"dataset {name!r} not found under {data_root}: "
-            f"{_expected_files(spec, data_root)} (pass root= or set FEDGL_DATA_ROOT)")
+    return (f"dataset {name!r} not found under {data_root}: {_expected_files(spec, data_root)} "
+            f"(point dataset.data_root, --data-root or FEDGL_DATA_ROOT at the datasets)")
 
 
 def _loader_class(name: str, spec: DatasetSpec) -> type:

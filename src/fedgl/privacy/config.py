@@ -38,7 +38,7 @@ class DPConfig(BaseModel):
     ``max_norm`` (L2), add N(0, (noise_multiplier * max_norm)^2) to every coordinate (FedAAS's attention
     terms carry one more coordinate, see docs/privacy.md); epsilon is reported at ``delta``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     noise_multiplier: float = Field(gt=0, description="noise standard deviation over max_norm")
     max_norm: float = Field(gt=0, description="L2 bound every client update (Swift, FedAAS, GLASU: every row sent) "
                                               "is clipped to")

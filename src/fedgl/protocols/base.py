@@ -21,7 +21,7 @@ from ..evaluation import Evaluator
 class ProtocolOptions(BaseModel):
     """Settings of one protocol; subclasses add fields. Unknown keys are errors."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     name: str
 
 

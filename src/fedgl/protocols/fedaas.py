@@ -139,6 +139,13 @@ class FedAASOptions(ProtocolOptions):
             raise ValueError("entries must be positive or -1 (all)")
         return value
 
+    @field_validator("policy_choices")
+    @classmethod
+    def _choices(cls, value):
+        if any(v < 1 for v in value):
+            raise ValueError("entries must be positive fan-outs")
+        return value
+
     @model_validator(mode="after")
     def _consistent(self):
         layers = len(self.widths)
@@ -588,6 +595,10 @@ class FedAAS(Protocol):
 
     def build(self, num_features: int, num_classes: int) -> None:
         o = self.opts
+        given = sorted(k for k, v in self.cfg.model if v != getattr(ModelConfig(), k))
+        if given:  # the model is protocol.widths, aggregate and root: a model section would be ignored
+            raise ConfigError(f"{self.cfg.protocol_name} builds its model from protocol.widths, protocol.aggregate "
+                              f"and protocol.root; remove {', '.join(f'model.{k}' for k in given)}")
         self.model = SplitAttentionNet(num_features, o.widths, num_classes, o.aggregate, o.root)
         if o.personalize == "similarity":
             self.scratch = copy.deepcopy(self.model)  # GraphFed: scores uploaded models on the probe graph

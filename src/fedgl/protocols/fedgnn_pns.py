@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from .cross_client import CrossClientOptions, CrossClientProtocol
 
@@ -30,6 +30,12 @@ class PNSOptions(CrossClientOptions):
     initial_interval: int = Field(20, ge=1, description="iterations between the first two samplings")
     decay: float = Field(0.8, gt=0, le=1, description="factor shrinking the interval after each sampling")
     min_interval: int = Field(2, ge=1, description="shortest interval between samplings")
+
+    @model_validator(mode="after")
+    def _schedule(self):
+        if self.min_interval > self.initial_interval:  # the decay would never act
+            raise ValueError(f"min_interval ({self.min_interval}) exceeds initial_interval ({self.initial_interval})")
+        return self
 
 
 def interval(options: PNSOptions, j: int) -> int:
