@@ -73,3 +73,15 @@ def test_datasets_partition_and_protocols_are_reachable_from_the_package():
     assert fedgl.protocols.protocol_class("fedavg").name == "fedavg"
     with pytest.raises(AttributeError):
         fedgl.no_such_thing
+
+
+def test_a_run_refused_after_its_parties_started_stops_them(monkeypatch, tmp_path):
+    """A notebook that gets a one-line error keeps no parties (on Ray: no actors holding data)."""
+    from fedgl.comm.transport import Transport
+
+    closed = []
+    monkeypatch.setattr(Transport, "close", lambda self: closed.append(self))
+    with pytest.raises(fedgl.errors.ConfigError, match="no party nobody"):
+        fedgl.run({"dataset": {"options": {"num_nodes": 300}}, "backend": {"parties": {"nobody": {"node": "x"}}}},
+                  out_dir=tmp_path / "run")
+    assert len(closed) == 1

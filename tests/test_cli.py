@@ -355,8 +355,10 @@ def test_settings_that_would_train_on_nothing_or_silently_do_nothing(capsys, tmp
     crash on, and a model section FedAAS would ignore."""
     out = ["--out", str(tmp_path)]
     fails_with(capsys, ["run", *TINY, *out, "--set", "train.lr=.inf"], "train.lr", "finite")
-    fails_with(capsys, ["run", *TINY, *out, "--set", "dataset.split=ratio:0.9,0,0.1"], "no validation nodes",
-               "dataset.split")
+    fails_with(capsys, ["run", *TINY, *out, "--set", "dataset.split=ratio:0.9,0,0.1"], "fractions > 0")
+    fails_with(capsys, ["run", "--dataset", "synthetic", "--set", "dataset.options.num_nodes=12", "--set",
+                        "dataset.options.avg_degree=2", "--clients", "2", "--quiet", *out],
+               "no validation nodes", "dataset.split")
     fails_with(capsys, ["run", *TINY, *out, "--set", "eval.stop_at_target=true"], "target_val_accuracy")
     fails_with(capsys, ["run", *TINY, *out, "--protocol", "llcg", "--set", "model.name=sage"],
                "protocol.local_steps", "train.rounds")
@@ -404,7 +406,8 @@ def test_bench_refuses_bad_seeds_and_reads_set_values_as_run_does(capsys, tmp_pa
 
 
 def test_a_model_too_large_to_allocate_is_one_line(capsys, tmp_path):
-    """256 TB of weights (beyond any 64-bit address space): torch's allocator refuses at once."""
+    """256 TB of weights, more than a 64-bit processor's user address space (128 TB with 48-bit
+    addresses): torch's allocator refuses at once, whatever the machine's memory."""
     assert main(["run", *TINY, "--out", str(tmp_path), "--set", "model.hidden=1000000000000"]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("fedgl: run failed: out of memory"), err

@@ -94,6 +94,12 @@ def test_partition_command_and_one_line_errors(tmp_path, capsys, monkeypatch):
         def __reduce__(self):
             return (os.system, (f"touch {marker}",))
 
+    # a misspelt party name: refused before any party reads its file (it would stay unpinned)
+    assert main(["run", "--set", "partition.num_clients=3", "--set", "protocol.group_size=1", "--quiet",
+                 "--set", f"backend.shards={shards}", "--set", "backend.parties.clinet1.node=org_b",
+                 "--out", str(tmp_path / "r0")]) == 2
+    err = capsys.readouterr().err
+    assert "no party clinet1" in err and "client0, client1, client2, evaluator" in err
     torch.save({"class": "x", "kwargs": Hostile()}, shards / "client1.pt")
     code = main(["run", "--set", "partition.num_clients=3", "--set", "protocol.group_size=1", "--quiet",
                  "--set", f"backend.shards={shards}", "--out", str(tmp_path / "r2")])

@@ -2,9 +2,9 @@
 
 Fenced ``bash`` blocks are read line by line: ``fedgl run`` commands run in a scratch folder with
 the repository's examples and ``--set train.rounds=2`` appended (LLCG's ``local_steps`` if more: its
-first server correction; a run over ``backend.shards`` first
-partitions into that folder); ``fedgl bench TASK`` must name a task; ``fedgl report`` and ``fedgl
-audit`` run over folders a small run writes first. Set-up and long benchmark
+first server correction); a run over ``backend.shards`` first partitions into that folder with the
+run's other settings; ``fedgl bench TASK`` must name a task; ``fedgl report`` and ``fedgl audit`` run
+over folders a small run writes first. Set-up and long benchmark
 commands (pip, pytest, python scripts) are checked elsewhere (CI runs them).
 """
 
@@ -58,8 +58,9 @@ def test_command_runs_as_written(doc, command, data_root, tmp_path, monkeypatch)
                      "--set", "privacy.record_messages=true", "--quiet", "--out", argv[1]]) == 0
     shards = next((a.split("=", 1)[1] for a in argv if a.startswith("backend.shards=")), None)
     if argv[0] == "run" and shards is not None:  # the shard folder the doc's partition command writes
+        sets = [a for i, a in enumerate(argv) if i and argv[i - 1] == "--set" and not a.startswith("backend.")]
         assert main(["partition", *[a for a in argv[1:] if not a.startswith("-") and a.endswith(".yaml")],
-                     "--out", shards]) == 0
+                     *[x for a in sets for x in ("--set", a)], "--out", shards]) == 0
     if argv[0] == "run":  # two rounds, or as many as LLCG needs to reach its first server correction
         steps = next((int(a.split("=", 1)[1]) for a in argv if a.startswith("protocol.local_steps=")), 2)
         argv += ["--set", f"train.rounds={max(2, steps)}", "--quiet"]

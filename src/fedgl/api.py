@@ -12,6 +12,7 @@ Overrides are config keys with ``__`` for the dots of ``--set`` (``partition__nu
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ def load_config(config: RunConfig | str | Path | dict[str, Any] | None = None, *
         data = copy.deepcopy(config)
     elif config is None:
         data = {}
-    elif isinstance(config, (str, Path)):
+    elif isinstance(config, (str, os.PathLike)):
         data = read_yaml(config)
     else:
         raise ConfigError(f"config must be a RunConfig, a YAML path, a dict of sections or None "

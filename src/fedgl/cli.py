@@ -46,7 +46,8 @@ def _run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, overrides + list(args.set or []))
     job = prepare(cfg, args.out, resume=args.resume, overwrite=args.overwrite)
     if args.resume:
-        console().print(f"resuming from round {job.start_round}")
+        console().print(f"resuming from round {job.start_round}" if job.start_round <= cfg.train.rounds else
+                        f"the checkpoint is at round {cfg.train.rounds}, the last: nothing left to train")
     try:
         result = job.execute(progress=not (args.quiet or args.json))
     except KeyboardInterrupt:
@@ -142,11 +143,10 @@ def _partition(args: argparse.Namespace) -> int:
     from .config import load_config
     from .deployment import write_shards
 
-    from .runner import check_out_dir
-
     cfg = load_config(args.config, list(args.set or []))
     out = Path(args.out)
-    check_out_dir(out, resume=False, overwrite=False)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file, not a folder")
     manifest = write_shards(cfg, out)
     console().print(f"{len(manifest['parties'])} party shards, the server's state and the evaluator's ground truth "
                   f"written to {out}; run with --set backend.shards={out}")
@@ -232,9 +232,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fedgl: run failed: {err}", file=sys.stderr)
         return 1
     except (MemoryError, RuntimeError) as err:  # torch's CPU allocator raises a RuntimeError
-        wanted = re.search(r"tried to allocate (\d+) bytes", str(err))
         if not isinstance(err, MemoryError) and "can't allocate memory" not in str(err):
             raise
+        wanted = re.search(r"tried to allocate (\d+) bytes", str(err))
         size = f" ({int(wanted.group(1)) / 2**30:,.1f} GiB at once)" if wanted else ""
         print(f"fedgl: run failed: out of memory{size}; a smaller model, batch or graph needs less",
               file=sys.stderr)

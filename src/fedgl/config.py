@@ -171,12 +171,12 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice",
-                                                        key_node.start_mark)
-            seen.add(key)
+        for key_node, _ in node.value:  # as written: a merge (<<) brings keys a mapping may override
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                if key_node.value in seen:
+                    raise yaml.constructor.ConstructorError(None, None, f"key {key_node.value!r} is given twice",
+                                                            key_node.start_mark)
+                seen.add(key_node.value)
         return super().construct_mapping(node, deep)
 
 

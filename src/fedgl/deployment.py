@@ -32,7 +32,7 @@ from .comm.party_state import TAG, first_line, own_class, plain, restore
 from .comm.shard_file import EVALUATOR_PARTY, read_shard_file
 from .config import RunConfig
 from .errors import ConfigError
-from .evaluation import Evaluator
+from .evaluation import Evaluator, check_scored
 from .files import write_atomically
 from .protocols import protocol_class
 
@@ -85,11 +85,15 @@ def write_shards(cfg: RunConfig, out: Path, data: Data | None = None) -> dict[st
         raise ConfigError(f"protocol {cfg.protocol_name} has no parties: there is nothing to partition")
     torch.manual_seed(cfg.seed)  # as a run does before it loads the data and sets up
     data = data if data is not None else load_data(cfg)
+    check_scored(data)  # the evaluator's file would be refused where it is loaded, after training began
     writer = ShardWriter()
     protocol = protocol_class(cfg.protocol_name)(cfg, writer)
     protocol.setup(data)
     rng = torch.get_rng_state()  # the driver's RNG as set-up leaves it, which a deployed server resumes from
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"the shard folder {out} cannot be written: {err.strerror or err}") from None
     parties = []
     for name, cls, kwargs in writer.made:
         digest = _save(out / f"{name}.pt", plain({"class": class_path(cls), "kwargs": kwargs}, configs=True))
@@ -164,8 +168,11 @@ def load_evaluator(path: str) -> Evaluator:
 def deploy(cfg: RunConfig, transport: Transport) -> tuple[Any, Any]:
     """The server (a protocol with its state loaded) and the scoring harness of a run over
     ``backend.shards``; every party is made from its own file where it lives."""
+    from .runner import check_placements
+
     folder = Path(cfg.backend.shards or "")
     manifest = read_manifest(folder, cfg)
+    check_placements(cfg.backend.parties, [party["name"] for party in manifest["parties"]])
     protocol = protocol_class(cfg.protocol_name)(cfg, transport)
     protocol.build(manifest["num_features"], manifest["num_classes"])
     server = read_shard_file(folder / manifest["server"]["file"], "server state")

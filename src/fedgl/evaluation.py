@@ -20,13 +20,18 @@ from .models import as_model_input, prepare_graph
 SPLITS = ("val", "test")  # what the runner reports; scoring the train split every round costs as much again
 
 
+def check_scored(data: Data) -> None:
+    """Refuse a split without validation or test nodes, on which every score would be NaN."""
+    empty = [split for split in SPLITS if not bool(getattr(data, f"{split}_mask").any())]
+    if empty:
+        names = {"val": "validation", "test": "test"}
+        raise DataError(f"the dataset's split leaves no {' and no '.join(names[s] for s in empty)} nodes to "
+                        f"score; give each some nodes (dataset.split)")
+
+
 class Evaluator:
     def __init__(self, data: Data):
-        empty = [split for split in SPLITS if not bool(getattr(data, f"{split}_mask").any())]
-        if empty:  # every score would be NaN
-            names = {"val": "validation", "test": "test"}
-            raise DataError(f"the dataset's split leaves no {' and no '.join(names[s] for s in empty)} nodes to "
-                            f"score; give each some nodes (dataset.split)")
+        check_scored(data)
         self.data = data
         self.num_classes = int(data.num_classes)
         self._x = as_model_input(data.x)

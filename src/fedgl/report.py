@@ -137,16 +137,20 @@ def report(folders: list[Path], out: Path | None, console: Console, html_path: P
     if not (out or html_path):
         return
     png, written = comparison_plot(runs), []
-    if out:
-        out.mkdir(parents=True, exist_ok=True)
-        lines = ["| run | " + " | ".join(COLUMNS.values()) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
-        lines += [f"| {name} | " + " | ".join(_fmt(key, s.get(key)) for key in COLUMNS) + " |"
-                  for name, (s, _, _) in runs.items()]
-        (out / REPORT_MD).write_text("\n".join(lines) + "\n")
-        (out / REPORT_PNG).write_bytes(png)
-        written += [out / REPORT_MD, out / REPORT_PNG]
-        html_path = html_path or out / REPORT_HTML
-    html_path.parent.mkdir(parents=True, exist_ok=True)
-    html_path.write_text(html_page(runs, png))
+    try:
+        if out:
+            out.mkdir(parents=True, exist_ok=True)
+            lines = ["| run | " + " | ".join(COLUMNS.values()) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+            lines += [f"| {name} | " + " | ".join(_fmt(key, s.get(key)) for key in COLUMNS) + " |"
+                      for name, (s, _, _) in runs.items()]
+            (out / REPORT_MD).write_text("\n".join(lines) + "\n")
+            (out / REPORT_PNG).write_bytes(png)
+            written += [out / REPORT_MD, out / REPORT_PNG]
+            html_path = html_path or out / REPORT_HTML
+        html_path.parent.mkdir(parents=True, exist_ok=True)
+        html_path.write_text(html_page(runs, png))
+    except OSError as err:
+        raise ConfigError(f"the report cannot be written to {err.filename or out or html_path}: "
+                          f"{err.strerror or err}") from None
     written.append(html_path)
     console.print("report: " + ", ".join(map(str, written)))

@@ -136,42 +136,49 @@ class Run:
             torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
         b = cfg.backend
+        if b.on_client_failure == "skip" and not protocol_class(cfg.protocol_name).can_skip_parties:
+            raise ConfigError(f"backend.on_client_failure: skip: {cfg.protocol_name} cannot continue without a "
+                              f"client; use stop or retry")
+        if b.on_client_failure == "retry" and not cfg.checkpoint_every:
+            raise ConfigError("backend.on_client_failure: retry restarts from the last checkpoint; "
+                              "set checkpoint_every")
         if not b.shards:
             data = data if data is not None else load_data(cfg)
         options = ({"address": b.address, "actors": b.actors, "connect_timeout_s": b.connect_timeout_s,
                     "nodes": {name: p.node for name, p in b.parties.items() if p.node}} if b.name == "ray" else {})
         self.transport = make_transport(b.name, NetworkModel(**cfg.network.model_dump()), **options)
         self.recorder = None
-        if cfg.privacy.record_messages:  # what crossed, for ``fedgl audit``
-            from .privacy.record import MessageRecorder
+        try:  # a run refused from here on stops the parties it started (a notebook's Ray stays clean)
+            if cfg.privacy.record_messages:  # what crossed, for ``fedgl audit``
+                from .privacy.record import MessageRecorder
 
-            self.recorder = MessageRecorder(self.out_dir / "messages")
-            self.transport.observers.append(self.recorder)
-        if b.shards:  # deployment: the driver holds the manifest and the server's state, never the dataset
-            from .deployment import deploy
+                self.recorder = MessageRecorder(self.out_dir / "messages")
+                self.transport.observers.append(self.recorder)
+            if b.shards:  # deployment: the driver holds the manifest and the server's state, never the dataset
+                from .deployment import deploy
 
-            self.protocol, self.evaluator = deploy(cfg, self.transport)
-        else:
-            self.evaluator = Evaluator(data)
-            self.protocol = protocol_class(cfg.protocol_name)(cfg, self.transport)
-            self.protocol.setup(data)
-        unknown = sorted(set(b.parties) - set(self.transport.parties) - {EVALUATOR_PARTY})
-        if unknown:  # a misspelt name would silently leave its party unpinned
-            raise ConfigError(f"backend.parties: this run has no party {', '.join(unknown)}; its parties are "
-                              f"{', '.join(self.transport.parties)} and {EVALUATOR_PARTY}")
-        self.protocol.start()
+                self.protocol, self.evaluator = deploy(cfg, self.transport)
+            else:
+                self.evaluator = Evaluator(data)
+                self.protocol = protocol_class(cfg.protocol_name)(cfg, self.transport)
+                self.protocol.setup(data)
+                check_placements(b.parties, self.transport.parties)
+            self.protocol.start()
+        except BaseException:
+            self.close()
+            raise
         self.metrics: list[dict[str, Any]] = []
         self.start_round = 1
         self.completed = 0
         self.wall_offset = 0.0
         self.lost: list[dict[str, Any]] = []  # parties dropped under on_client_failure: skip
         self.retries = 0
-        if b.on_client_failure == "skip" and not self.protocol.can_skip_parties:
-            raise ConfigError(f"backend.on_client_failure: skip: {cfg.protocol_name} cannot continue without a "
-                              f"client; use stop or retry")
-        if b.on_client_failure == "retry" and not cfg.checkpoint_every:
-            raise ConfigError("backend.on_client_failure: retry restarts from the last checkpoint; "
-                              "set checkpoint_every")
+
+    def close(self) -> None:
+        """Stop the parties and the message recorder."""
+        self.transport.close()
+        if self.recorder is not None:
+            self.recorder.close()
 
     # ---- checkpoints ------------------------------------------------------------------------------
     def save_checkpoint(self, round_index: int, wall: float) -> None:
@@ -222,15 +229,15 @@ class Run:
                                if not resumable_change(k) and now.get(k) != state["config"].get(k))
             raise ConfigError(f"cannot resume: the checkpoint in {self.out_dir} was made with a different config "
                               f"({', '.join(differing)})")
+        if state["round"] > self.cfg.train.rounds:
+            raise ConfigError(f"cannot resume: the checkpoint in {self.out_dir} is at round {state['round']}, past "
+                              f"train.rounds = {self.cfg.train.rounds}")
         self.transport.load_parties(self.out_dir / state["parties"])  # each party names its own bad file
         self.protocol.load_state_dict(state["protocol"])
         self.transport.ledger.load_state_dict(state["ledger"])
         self.transport.clock.now = state["clock"]
         torch.set_rng_state(state["rng"])
         self.metrics = state["metrics"]
-        if state["round"] > self.cfg.train.rounds:
-            raise ConfigError(f"cannot resume: the checkpoint in {self.out_dir} is at round {state['round']}, past "
-                              f"train.rounds = {self.cfg.train.rounds}")
         self.start_round = state["round"] + 1
         self.wall_offset = state["wall"]
         return True
@@ -295,9 +302,7 @@ class Run:
             self.tracking.finish(None, [])  # no-op when the partial summary was written and tracked
             raise
         finally:
-            self.transport.close()
-            if self.recorder is not None:
-                self.recorder.close()
+            self.close()
         summary = self.summarize(wall)
         self.write(summary)
         (self.out_dir / FINISHED).write_text(config_hash(cfg) + "\n")
@@ -362,7 +367,8 @@ class Run:
             "sim_time_s": self.transport.clock.now,
             "wall_time_s": wall,
             "compute_s_by_party": {name: round(sec, 4) for name, sec in self.transport.compute_s.items()},
-            "wall_ms_per_round": 1e3 * wall / last_round if rows else None,  # wall covers rounds 1.. on resume too
+            # the wall covers rounds 1 to the last completed (on resume too), evaluated or not
+            "wall_ms_per_round": 1e3 * wall / max(self.completed, last_round) if rows else None,
             "target_val_accuracy": target,
             "round_at_target": hit["round"] if hit else None,
             "bytes_at_target": hit["bytes_total"] if hit else None,
@@ -395,9 +401,19 @@ def run(cfg: RunConfig, out_dir: str | Path | None = None, *, resume: bool = Fal
         data=None) -> RunResult:
     """Build and execute a run; with ``resume`` continue from the folder's last checkpoint."""
     job = Run(cfg, out_dir, data=data)
-    if resume:
-        job.resume()
+    if resume and not job.resume():
+        job.close()
+        raise ConfigError(f"cannot resume: {job.out_dir} holds no checkpoint")
     return job.execute(progress=progress)
+
+
+def check_placements(placements: dict[str, Any], parties: list[str]) -> None:
+    """``backend.parties`` may name only the run's parties and the scoring harness: a misspelt name
+    would silently leave its party unpinned."""
+    unknown = sorted(set(placements) - set(parties) - {EVALUATOR_PARTY})
+    if unknown:
+        raise ConfigError(f"backend.parties: this run has no party {', '.join(unknown)}; it has "
+                          f"{', '.join([*parties, EVALUATOR_PARTY])}")
 
 
 # How a user names the results folder and its options: on the command line, or in ``fedgl.run``.
@@ -425,11 +441,17 @@ def prepare(cfg: RunConfig, out_dir: str | Path | None, *, resume: bool = False,
             names: dict[str, str] = CLI_NAMES) -> Run:
     """The run a user asked for (the ``fedgl run`` command and ``fedgl.run``): a folder holding a
     finished run is replaced only when asked, and a resume needs a folder with a checkpoint."""
-    if out_dir is not None:
+    if out_dir:
         check_out_dir(Path(out_dir), resume=resume, overwrite=overwrite, names=names)
     elif resume:
         raise ConfigError(f"{names['resume']} needs {names['out']}: the folder of the run to continue")
-    job = Run(cfg, out_dir)
-    if resume and not job.resume():
+    if resume and not (Path(out_dir) / CHECKPOINT).exists():  # before the data loads and the parties start
         raise ConfigError(f"cannot resume: {out_dir} holds no checkpoint (set checkpoint_every to write them)")
+    job = Run(cfg, out_dir)
+    if resume:
+        try:
+            job.resume()
+        except BaseException:
+            job.close()
+            raise
     return job

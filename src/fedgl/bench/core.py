@@ -20,7 +20,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from ..config import RunConfig, apply_override, build_config
+from ..config import RunConfig, build_config, set_key
 from ..errors import ConfigError
 from ..protocols import protocol_class
 from ..results import CONFIG, FINISHED, SUMMARY, write_json
@@ -55,7 +55,7 @@ class BenchTask:
 def variant_config(task: BenchTask, variant: Variant, seed: int, extra: dict[str, Any]):
     data = copy.deepcopy(task.base)
     for key, value in {**variant.overrides, **extra, "seed": seed}.items():
-        apply_override(data, f"{key}={json.dumps(value)}")
+        set_key(data, key.split("."), copy.deepcopy(value), key)
     return build_config(data)
 
 

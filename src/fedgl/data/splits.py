@@ -59,9 +59,9 @@ def parse_split(split: str) -> SplitRequest:
             ratios = tuple(float(part) for part in tail.split(","))
         except ValueError:
             ratios = ()
-        if len(ratios) != 3 or min(ratios) < 0 or ratios[0] == 0 or sum(ratios) > 1 + 1e-9:
-            raise _bad_split(split, " (ratio needs three fractions >= 0 with train > 0 and "
-                                    "sum <= 1)")
+        if len(ratios) != 3 or min(ratios) <= 0 or sum(ratios) > 1 + 1e-9:
+            raise _bad_split(split, " (ratio needs three fractions > 0, train, validation and test, "
+                                    "with sum <= 1)")
         return SplitRequest("ratio", ratios=ratios, floor=head == "ratio-floor")
     raise _bad_split(split)
 

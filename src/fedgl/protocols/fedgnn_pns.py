@@ -33,7 +33,7 @@ class PNSOptions(CrossClientOptions):
 
     @model_validator(mode="after")
     def _schedule(self):
-        if self.min_interval > self.initial_interval:  # the decay would never act
+        if self.min_interval > self.initial_interval:  # the interval would never start above its floor
             raise ValueError(f"min_interval ({self.min_interval}) exceeds initial_interval ({self.initial_interval})")
         return self
 

@@ -98,10 +98,15 @@ class LLCG(CrossClientProtocol):
             raise ConfigError(f"protocol.server_fanouts must hold {self.cfg.model.layers} entries, each a positive "
                               f"integer or -1, got {fanouts}")
         super().setup(data)
+        self.num_nodes = int(self.router.owner.numel())
+
+    def start(self) -> None:
+        """Refuse a run too short to average (checked here, not in ``setup``: partitioning does not fix
+        the round count, and a deployed run does not set up)."""
         if self.cfg.train.rounds < self.opts.local_steps:  # the scored model would stay the initial one
             raise ConfigError(f"train.rounds ({self.cfg.train.rounds}) is below protocol.local_steps "
                               f"({self.opts.local_steps}): the server would never average the clients' models")
-        self.num_nodes = int(self.router.owner.numel())
+        super().start()
 
     def server_optimizer(self) -> torch.optim.Optimizer:
         lr = self.opts.server_lr or self.cfg.train.lr
