@@ -595,7 +595,8 @@ class FedAAS(Protocol):
 
     def build(self, num_features: int, num_classes: int) -> None:
         o = self.opts
-        given = sorted(k for k, v in self.cfg.model if v != getattr(ModelConfig(), k))
+        default = ModelConfig()
+        given = sorted(k for k, v in self.cfg.model if v != getattr(default, k))
         if given:  # the model is protocol.widths, aggregate and root: a model section would be ignored
             raise ConfigError(f"{self.cfg.protocol_name} builds its model from protocol.widths, protocol.aggregate "
                               f"and protocol.root; remove {', '.join(f'model.{k}' for k in given)}")
