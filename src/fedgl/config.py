@@ -126,6 +126,8 @@ class RunConfig(Section):
     backend: BackendConfig = Field(default_factory=BackendConfig)
     network: NetworkConfig = Field(default_factory=NetworkConfig)
     checkpoint_every: int = Field(0, ge=0, description="rounds between checkpoints; 0 = none")
+    device: str = Field("cpu", pattern=r"^(cpu|cuda(:[0-9]+)?)$", description=(
+        "where every party computes: cpu, cuda (the current CUDA device) or cuda:N; messages cross as CPU tensors"))
     threads: int | None = Field(1, ge=1, le=1024, description=(
         "torch threads per party process; 1 keeps parties from oversubscribing the cores; null = torch's default"))
     privacy: PrivacySection = Field(default_factory=PrivacyConfig, description=(

@@ -8,6 +8,8 @@ training.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -29,6 +31,14 @@ def check_scored(data: Data) -> None:
                         f"score; give each some nodes (dataset.split)")
 
 
+def on_cpu(model: nn.Module) -> nn.Module:
+    """The model itself, or a CPU copy of one trained on another device: scoring runs here, where the
+    ground truth is."""
+    if all(p.device.type == "cpu" for p in model.parameters()):
+        return model
+    return copy.deepcopy(model).cpu()
+
+
 class Evaluator:
     def __init__(self, data: Data):
         check_scored(data)
@@ -42,6 +52,7 @@ class Evaluator:
         """Run a global model on the whole graph (all edges, all features)."""
         if model_name not in self._graphs:
             self._graphs[model_name] = prepare_graph(self.data.edge_index, self.data.num_nodes, model_name)
+        model = on_cpu(model)
         was_training = model.training
         model.eval()
         out = model(self._x, self._graphs[model_name])
@@ -52,6 +63,7 @@ class Evaluator:
     def edge_logits(self, model: nn.Module) -> torch.Tensor:
         """Run a global model called as ``model(features, edge_index)`` on the whole graph (FedAAS's
         split attention net, which builds its own edge terms)."""
+        model = on_cpu(model)
         was_training = model.training
         model.eval()
         out = model(self._x, self.data.edge_index)

@@ -19,6 +19,7 @@ import torch
 import yaml
 
 from .comm import NetworkModel, make_transport
+from .device import to_wire
 from .comm.ledger import SERVER
 from .comm.shard_file import EVALUATOR_PARTY
 from .config import RunConfig
@@ -34,7 +35,7 @@ from .tracking import Tracking
 
 CHECKPOINT = "checkpoint.pt"
 # Keys a resumed run may change: how long it runs, where, and what it records, not what it computes.
-RESUMABLE_CHANGES = ("train.rounds", "checkpoint_every", "threads", "backend.name", "backend.address",
+RESUMABLE_CHANGES = ("train.rounds", "checkpoint_every", "threads", "device", "backend.name", "backend.address",
                      "backend.actors", "backend.shards", "backend.parties", "logging", "privacy.record_messages",
                      "protocol.memory_budget_mb")
 
@@ -146,7 +147,7 @@ class Run:
             data = data if data is not None else load_data(cfg)
         options = ({"address": b.address, "actors": b.actors, "connect_timeout_s": b.connect_timeout_s,
                     "nodes": {name: p.node for name, p in b.parties.items() if p.node}} if b.name == "ray" else {})
-        self.transport = make_transport(b.name, NetworkModel(**cfg.network.model_dump()), **options)
+        self.transport = make_transport(b.name, NetworkModel(**cfg.network.model_dump()), cfg.device, **options)
         self.recorder = None
         try:  # a run refused from here on stops the parties it started (a notebook's Ray stays clean)
             if cfg.privacy.record_messages:  # what crossed, for ``fedgl audit``
@@ -193,7 +194,7 @@ class Run:
             "config": flat_config(self.cfg),
             "config_hash": config_hash(self.cfg),
             "round": round_index,
-            "protocol": self.protocol.state_dict(),
+            "protocol": to_wire(self.protocol.state_dict()),  # on the CPU: resumable on any device
             "parties": parties.name,
             "ledger": self.transport.ledger.state_dict(),
             "clock": self.transport.clock.now,
@@ -214,7 +215,7 @@ class Run:
         if not path.exists():
             return False
         try:
-            state = torch.load(path, weights_only=True)
+            state = torch.load(path, weights_only=True, map_location="cpu")
         except Exception as err:  # any unreadable file: torn, truncated, foreign
             if isinstance(err, pickle.UnpicklingError) and "GLOBAL" in str(err):  # a class or function by name
                 raise ConfigError(f"cannot resume: {path} holds objects other than tensors and plain data; "

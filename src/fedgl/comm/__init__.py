@@ -9,14 +9,15 @@ from .transport import LocalTransport, Transport
 __all__ = ["Ledger", "LocalTransport", "NetworkModel", "Party", "Rows", "SimClock", "Transport", "make_transport", "rpc"]
 
 
-def make_transport(backend: str = "local", network: NetworkModel | None = None, **options) -> Transport:
-    """Build the transport for ``backend`` ('local' or 'ray')."""
+def make_transport(backend: str = "local", network: NetworkModel | None = None, device: str = "cpu",
+                   **options) -> Transport:
+    """Build the transport for ``backend`` ('local' or 'ray'), its parties computing on ``device``."""
     if backend == "local":
-        return LocalTransport(network)
+        return LocalTransport(network, device)
     if backend == "ray":
         from .ray_transport import RayTransport
 
-        return RayTransport(network, **options)
+        return RayTransport(network, device, **options)
     from ..errors import ConfigError
 
     raise ConfigError(f"unknown backend {backend!r}; allowed: local, ray")

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from .. import device as devices
+from ..device import CPU, is_cpu, move, rng_state, set_rng_state, to_wire, working_on
 from ..errors import ConfigError
 from ..files import write_atomically
 from .party_state import StateMismatch, first_line, plain, restore
@@ -25,20 +27,26 @@ from .rpc import spec_of
 
 
 class Party:
+    device = CPU  # where the party computes (``fedgl.device``); set by ``create``
+
     def __init__(self, name: str, seed: int = 0):
         self.name = name
         self.seed = seed
 
     @classmethod
-    def create(cls, **kwargs: Any) -> "Party":
-        """Construct under the party's own seed, so model initialisation does not depend on the host."""
-        outer = torch.get_rng_state()
-        torch.manual_seed(kwargs.get("seed", 0))
+    def create(cls, device: torch.device = CPU, **kwargs: Any) -> "Party":
+        """Construct under the party's own seed, so model initialisation does not depend on the host,
+        with its data on its ``device``."""
+        outer, outer_device = torch.get_rng_state(), rng_state(device)
+        torch.manual_seed(kwargs.get("seed", 0))  # seeds the accelerators too
         try:
-            party = cls(**kwargs)
-            party._rng_state = torch.get_rng_state()
+            with working_on(device):
+                party = cls(**(kwargs if is_cpu(device) else move(kwargs, device)))
+            party.device = device
+            party._rng_state, party._device_rng_state = torch.get_rng_state(), rng_state(device)
         finally:
             torch.set_rng_state(outer)
+            set_rng_state(device, outer_device)
         return party
 
     def get_state(self) -> dict[str, Any]:
@@ -49,14 +57,15 @@ class Party:
         self.__dict__.update(state)
 
     def save(self, path: str | Path) -> None:
-        """Write the party's own checkpoint where it lives; its state never travels."""
-        write_atomically(Path(path), lambda fh: torch.save(plain(self), fh))
+        """Write the party's own checkpoint where it lives; its state never travels. Tensors are saved
+        from the CPU, so a run may resume on another device."""
+        write_atomically(Path(path), lambda fh: torch.save(to_wire(plain(self)), fh))
 
     def load(self, path: str | Path) -> None:
         """Load the party's own checkpoint into this party, set up as it was when saved. The file is
         read as tensors and plain data only: one that holds anything else is refused."""
         try:
-            state = torch.load(path, weights_only=True)
+            state = torch.load(path, weights_only=True, map_location="cpu")
         except Exception as err:
             if isinstance(err, pickle.UnpicklingError) and "GLOBAL" in str(err):  # a class or function by name
                 raise ConfigError(f"cannot resume: the party checkpoint {path} holds objects other than tensors "
@@ -74,33 +83,42 @@ class Party:
         """Run an ``@rpc`` method under this party's RNG state; return its result and its (elapsed,
         CPU) seconds."""
         spec_of(type(self), method)
-        outer = torch.get_rng_state()
+        device = self.device
+        outer, outer_device = torch.get_rng_state(), rng_state(device)
         torch.set_rng_state(self._rng_state)
+        set_rng_state(device, self._device_rng_state)
         start, start_cpu = time.perf_counter(), time.process_time()
         try:
-            result = getattr(self, method)(**kwargs)
+            if is_cpu(device):
+                result = getattr(self, method)(**kwargs)
+            else:  # what arrives moves onto the party's device; what leaves crosses as CPU tensors
+                with working_on(device):
+                    result = to_wire(getattr(self, method)(**move(kwargs, device)))
         finally:
             seconds = (time.perf_counter() - start, time.process_time() - start_cpu)
-            self._rng_state = torch.get_rng_state()
+            self._rng_state, self._device_rng_state = torch.get_rng_state(), rng_state(device)
             torch.set_rng_state(outer)
+            set_rng_state(device, outer_device)
         return result, seconds
 
 
 class PartyGroup:
-    """The parties living in one process: all of them in-process, or one Ray actor's share."""
+    """The parties living in one process: all of them in-process, or one Ray actor's share, each
+    computing on the group's ``device``."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: str = "cpu") -> None:
         self.parties: dict[str, Party] = {}
+        self.device = devices.resolve(device)
 
     def add(self, name: str, cls: type[Party], kwargs: dict[str, Any]) -> None:
-        self.parties[name] = cls.create(**kwargs)
+        self.parties[name] = cls.create(self.device, **kwargs)
 
     def add_from_file(self, name: str, cls_path: str, path: str, sha256: str | None = None) -> None:
         """Make party ``name`` from its own shard file, read here (deployment: on the party's node)."""
         from .shard_file import load_party
 
         cls, kwargs = load_party(path, cls_path, sha256)
-        self.parties[name] = cls.create(**kwargs)
+        self.parties[name] = cls.create(self.device, **kwargs)
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         return {name: party.get_state() for name, party in self.parties.items()}

@@ -91,7 +91,7 @@ def restore(current: Any, saved: Any) -> Any:
     """The value ``saved`` (made by ``plain``) describes, loaded into ``current`` where that exists:
     objects with a ``load_state_dict`` load their state, generators their state, other objects their
     attributes. Parameters are copied in place (optimisers refer to them); other tensors and containers
-    are replaced. An object missing from ``current`` is rebuilt only if its class is fedgl's own; a
+    are replaced, on the device of the tensor they replace. An object missing from ``current`` is rebuilt only if its class is fedgl's own; a
     module or optimiser missing from it stays missing (a party that makes one during training, such as
     a fresh optimiser every round, makes it again before use)."""
     if isinstance(saved, dict) and TAG in saved:
@@ -102,7 +102,8 @@ def restore(current: Any, saved: Any) -> Any:
             with torch.no_grad():
                 current.copy_(saved)
             return current
-        return saved
+        # a checkpoint is read onto the CPU; a tensor the party keeps on its device goes back there
+        return saved.to(current.device) if isinstance(current, torch.Tensor) else saved
     if isinstance(saved, dict):
         template = current if isinstance(current, dict) else {}
         out = template.copy()  # a defaultdict keeps its default factory

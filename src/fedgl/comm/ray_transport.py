@@ -107,8 +107,8 @@ def unpack(value: Any) -> Any:
 class PartyHost(PartyGroup):
     """A Ray actor holding several parties, with its own torch thread count."""
 
-    def __init__(self, threads: int):
-        super().__init__()
+    def __init__(self, threads: int, device: str = "cpu"):
+        super().__init__(device)
         torch.set_num_threads(threads)
 
     def run(self, calls: list) -> list:
@@ -160,9 +160,10 @@ class RemoteEvaluator:
 class RayTransport(Transport):
     backend = "ray"
 
-    def __init__(self, network: NetworkModel | None = None, *, address: str | None = None, actors: int | None = None,
-                 connect_timeout_s: float = 30.0, nodes: dict[str, str] | None = None):
+    def __init__(self, network: NetworkModel | None = None, device: str = "cpu", *, address: str | None = None,
+                 actors: int | None = None, connect_timeout_s: float = 30.0, nodes: dict[str, str] | None = None):
         super().__init__(network)
+        self._device = device  # resolved by each host, where its parties compute
         try:
             import ray
         except ImportError as exc:
@@ -223,7 +224,7 @@ class RayTransport(Transport):
         self._gather({0: self._send(self._hosts[self._place(name)], "add_from_file", name, cls_path, path, sha256)})
 
     def _new_host(self, node: str | None) -> Any:
-        return self._pinned(PartyHost, node).remote(torch.get_num_threads())
+        return self._pinned(PartyHost, node).remote(torch.get_num_threads(), self._device)
 
     def evaluator_from_file(self, path: str) -> RemoteEvaluator:
         node = self._nodes.get(EVALUATOR_PARTY)

@@ -251,9 +251,9 @@ class LocalTransport(Transport):
 
     backend = "local"
 
-    def __init__(self, network: NetworkModel | None = None):
+    def __init__(self, network: NetworkModel | None = None, device: str = "cpu"):
         super().__init__(network)
-        self._group = PartyGroup()
+        self._group = PartyGroup(device)
         self._parties = self._group.parties
 
     def _create(self, name: str, cls: type[Party], kwargs: dict[str, Any]) -> None:

@@ -80,7 +80,7 @@ class TransposePlan:
     def of(cls, matrix: Tensor) -> TransposePlan:
         crow, col = matrix.crow_indices(), matrix.col_indices()
         num_rows, num_cols = matrix.shape
-        row = torch.repeat_interleave(torch.arange(num_rows, dtype=col.dtype), crow.diff())
+        row = torch.repeat_interleave(torch.arange(num_rows, dtype=col.dtype, device=col.device), crow.diff())
         perm = torch.argsort(col, stable=True)
         counts = torch.bincount(col, minlength=num_cols)
         crow_t = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(crow.dtype)

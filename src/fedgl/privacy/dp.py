@@ -37,7 +37,8 @@ def clip(updates: Tensor, max_norm: float | Tensor) -> Tensor:
 def privatize(updates: Tensor, dp: DPConfig, generators: Sequence[torch.Generator | None]) -> Tensor:
     """Clip every row of ``updates`` (``[k, P]``) and add its Gaussian noise, drawn for row i from
     ``generators[i]`` (None: torch's default generator, i.e. the party's own random state)."""
-    noise = torch.stack([torch.randn(updates.size(1), generator=g, dtype=updates.dtype) for g in generators])
+    noise = torch.stack([torch.randn(updates.size(1), generator=g, dtype=updates.dtype,
+                                     device=None if g is None else g.device) for g in generators]).to(updates.device)
     return clip(updates, dp.max_norm) + noise * (dp.noise_multiplier * dp.max_norm)
 
 
@@ -46,7 +47,9 @@ def gaussian(sums: Tensor, dp: DPConfig, generator: torch.Generator | None = Non
     """``sums`` plus N(0, (noise_multiplier * sensitivity)^2) per coordinate (sensitivity: ``max_norm``
     unless given), from ``generator`` (None: torch's default, the party's own random state)."""
     scale = dp.noise_multiplier * (dp.max_norm if sensitivity is None else sensitivity)
-    return sums + torch.randn(sums.shape, dtype=sums.dtype, generator=generator) * scale
+    noise = torch.randn(sums.shape, dtype=sums.dtype, generator=generator,
+                        device=None if generator is None else generator.device)
+    return sums + noise.to(sums.device) * scale
 
 
 def noise_generator(seed: int) -> torch.Generator:

@@ -109,7 +109,7 @@ def round_seed(secret: bytes, round_index: int) -> int:
 def prg(seed: int, size: int) -> Tensor:
     """``size`` int64 values uniform over the ring (the whole int64 range but its top value)."""
     generator = torch.Generator().manual_seed(seed)
-    return torch.randint(INT64_LOW, INT64_HIGH, (size,), dtype=torch.int64, generator=generator)
+    return torch.randint(INT64_LOW, INT64_HIGH, (size,), dtype=torch.int64, generator=generator, device="cpu")
 
 
 def limit(participants: int) -> float:
@@ -159,7 +159,7 @@ class MaskingClient:
 
     def agree(self, public_keys: Tensor) -> None:
         """Derive s_ij with every other client from the relayed table (row j = client j's public key)."""
-        table = public_keys.to(torch.uint8).numpy().tobytes()
+        table = public_keys.to(torch.uint8).cpu().numpy().tobytes()
         width = public_keys.size(1)
         self.num_clients = public_keys.size(0)
         self.pair_secrets = {j: pair_secret(self.keys.shared(table[j * width : (j + 1) * width]))
@@ -174,13 +174,13 @@ class MaskingClient:
         if len(peers) < 2:  # a "sum" of one message is that message: a client refuses to send it
             raise RunFailed(f"secure aggregation: client {self.index} was asked to mask with fewer than 2 "
                             f"participants, which would reveal its update")
-        out = encoded.clone()
+        out = encoded.cpu().clone()  # masks are drawn on the CPU, where the message leaves from
         for j in peers:
             if j == self.index:
                 continue
             noise = prg(round_seed(self.pair_secrets[j], round_index), out.numel())
             out += noise if self.index < j else -noise
-        return out
+        return out.to(encoded.device)
 
 
 def exchange_keys(transport: Transport, parties: list[str]) -> None:
@@ -230,7 +230,7 @@ def rank_within(groups: Tensor) -> Tensor:
     _, counts = torch.unique_consecutive(sorted_groups, return_counts=True)
     starts = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
     rank = torch.empty_like(groups)
-    rank[order] = torch.arange(groups.numel()) - starts
+    rank[order] = torch.arange(groups.numel(), device=groups.device) - starts
     return rank
 
 
@@ -256,7 +256,7 @@ class RequestMasking:
         return torch.frombuffer(bytearray(self.keys.public()), dtype=torch.uint8)
 
     def agree(self, table: Tensor) -> None:
-        raw = table.to(torch.uint8).numpy().tobytes()
+        raw = table.to(torch.uint8).cpu().numpy().tobytes()
         width = table.size(1)
         self.peers = [raw[i * width : (i + 1) * width] for i in range(table.size(0))]
 
@@ -266,21 +266,21 @@ class RequestMasking:
 
     def mask(self, encoded: Tensor, to: Tensor, label: int) -> Tensor:
         """``encoded`` (int64 rows) plus, for row i, the next row of the stream to peer ``to[i]``."""
-        out = encoded.clone()
+        out, to = encoded.cpu().clone(), to.cpu()  # masks are drawn on the CPU
         rank = rank_within(to)
         for peer in to.unique().tolist():
             rows = to == peer
             out[rows] += stream_rows(self._secret(peer, True), label, rank[rows], encoded.size(1))
-        return out
+        return out.to(encoded.device)
 
     def unmask(self, masked: Tensor, pairs: Tensor, label: int) -> Tensor:
         """``masked`` (one int64 row per target) minus the masks of the vectors summed into each:
         ``pairs`` holds one column (target row, sender peer, the vector's rank in that sender's stream)
         per vector."""
-        total = torch.zeros_like(masked)
-        target, sender, rank = pairs
+        total = torch.zeros(masked.shape, dtype=masked.dtype, device="cpu")  # masks are drawn on the CPU
+        target, sender, rank = pairs.cpu()
         for peer in sender.unique().tolist():
             rows = sender == peer
             total.index_add_(0, target[rows], stream_rows(self._secret(peer, False), label, rank[rows],
                                                           masked.size(1)))
-        return masked - total
+        return masked - total.to(masked.device)

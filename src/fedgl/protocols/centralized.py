@@ -9,6 +9,7 @@ import torch
 from pydantic import Field
 from torch_geometric.data import Data
 
+from .. import device as devices
 from ..evaluation import Evaluator
 from ..optim import make_model
 from .local_training import LocalTrainer
@@ -26,11 +27,15 @@ class Centralized(Protocol):
     Options = CentralizedOptions
 
     def setup(self, data: Data) -> None:
-        model = make_model(self.cfg.model, data.num_features, int(data.num_classes))
-        self.trainer = LocalTrainer(model, self.cfg.model.name, data.x, data.edge_index, data.y, data.train_mask, self.cfg.train)
+        self.device = devices.resolve(self.cfg.device)  # the one party here: the whole graph computes there
+        model = make_model(self.cfg.model, data.num_features, int(data.num_classes)).to(self.device)
+        x, edge_index, y, train_mask = devices.move((data.x, data.edge_index, data.y, data.train_mask), self.device)
+        with devices.working_on(self.device):
+            self.trainer = LocalTrainer(model, self.cfg.model.name, x, edge_index, y, train_mask, self.cfg.train)
 
     def train_round(self, round_index: int) -> dict[str, float]:
-        return {"train_loss": self.trainer.train_epochs(self.opts.local_epochs, self.opts.batch_size)}
+        with devices.working_on(self.device):
+            return {"train_loss": self.trainer.train_epochs(self.opts.local_epochs, self.opts.batch_size)}
 
     def predict(self, evaluator: Evaluator) -> torch.Tensor:
         return evaluator.full_graph_logits(self.trainer.model, self.cfg.model.name)

@@ -111,9 +111,11 @@ class FedAvgGroup(Party):
                  privacy: PrivacyConfig | None = None):
         super().__init__(name, seed)
         # Members are built without optimisers of their own: the group's optimiser trains them.
-        clients = [FedAvgClient.create(**(kwargs | {"train": None})) for kwargs in members]
-        # ``_rng_state`` is the torch RNG state each client party would carry into its first call.
-        self.trainer = ClientGroupTrainer([c.trainer for c in clients], [c._rng_state for c in clients], train)
+        device = torch.get_default_device()  # the group's, while it is made
+        clients = [FedAvgClient.create(device, **(kwargs | {"train": None})) for kwargs in members]
+        # The random state each client party would carry into its first call, on the group's device.
+        states = [c._rng_state if c._device_rng_state is None else c._device_rng_state for c in clients]
+        self.trainer = ClientGroupTrainer([c.trainer for c in clients], states, train)
         self.num_train = torch.tensor([c.num_train for c in clients])
         self.local_epochs = local_epochs
         self.privacy = privacy or PrivacyConfig()

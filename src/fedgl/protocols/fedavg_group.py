@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .. import device as devices
 from ..config import TrainConfig
 from ..errors import ConfigError
 from ..models.graph import SparseOperator, canonical_model_name
@@ -142,7 +143,7 @@ class ClientGroupTrainer:
         self.set_rows(torch.stack([flat_state(t.get_state()) for t in trainers]), None)
         self.optimizer = _MemberOptimizer(self.params, train)
         self.members = [
-            _Member(t.x, t.graph.operator.matrix, t.train_idx, t.y, torch.Generator().set_state(state.clone()))
+            _Member(t.x, t.graph.operator.matrix, t.train_idx, t.y, devices.generator().set_state(state.clone()))
             for t, state in zip(trainers, rng_states)
         ]
         self.n_max = max(m.num_nodes for m in self.members)

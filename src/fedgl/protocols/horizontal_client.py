@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .. import device as devices
 from ..comm import Party
 from ..config import ModelConfig
 from ..models import as_model_input
@@ -34,7 +35,7 @@ class HorizontalClient(Party):
         self.train_mask = shard.train_mask
         self.train_idx = shard.train_mask.nonzero().flatten()
         n = shard.num_nodes
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = devices.generator().manual_seed(seed)  # draws where the graph is
         self.local_csr = CSR.from_edge_index(shard.edge_index, n)
         self.remote_ids, remote_col = torch.unique(shard.cross_edges[1], return_inverse=True)
         cross = torch.stack([remote_col + n, shard.cross_edges[0]])
