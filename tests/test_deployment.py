@@ -75,6 +75,23 @@ def test_a_deployed_run_equals_the_in_process_run(protocol, tmp_path, monkeypatc
     same_run(tmp_path / "plain", tmp_path / "deployed")
 
 
+@pytest.mark.parametrize("protocol", ["nfedgnn", "swift"])
+def test_shards_written_without_a_gpu_run_deployed_on_one(protocol, tmp_path, monkeypatch):
+    """``fedgl partition`` of a ``device: cuda`` config needs no GPU; the deployed run on the device
+    (the stand-in accelerator) equals the in-process CPU run."""
+    from support.fake_device import fake_accelerator
+
+    plain_cfg = build_config(settings(protocol))
+    run(plain_cfg, tmp_path / "plain")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    write_shards(build_config({**settings(protocol), "device": "cuda"}), tmp_path / "shards")
+    forbid_dataset(monkeypatch)
+    with fake_accelerator(monkeypatch):
+        run(build_config({**settings(protocol, shards=str(tmp_path / "shards")), "device": "cuda"}),
+            tmp_path / "deployed")
+    same_run(tmp_path / "plain", tmp_path / "deployed")
+
+
 def test_partition_command_and_one_line_errors(tmp_path, capsys, monkeypatch):
     shards = tmp_path / "shards"
     assert main(["partition", "--set", "partition.num_clients=3", "--set", "protocol.group_size=1",

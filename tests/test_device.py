@@ -78,6 +78,13 @@ def test_device_cuda_without_cuda_is_one_line(monkeypatch):
         fedgl.run(None, device="gpu", **SMALL)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_a_ray_host_without_cuda_refuses_in_one_line(ray_session, tmp_path):
+    """Each host resolves the device where its parties live; the refusal reaches the driver as it was."""
+    with pytest.raises(fedgl.errors.ConfigError, match="device: cuda: torch sees no CUDA device"):
+        fedgl.run(None, out_dir=tmp_path, device="cuda", backend__name="ray", **SMALL)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("protocol", list(PROTOCOLS))
 def test_every_protocol_trains_on_cuda(tmp_path, protocol):

@@ -38,7 +38,7 @@ from .protocols import protocol_class
 
 FORMAT = "fedgl-shards-1"
 MANIFEST, SERVER, EVALUATOR = "manifest.json", "server.pt", "evaluator.pt"
-PROTOCOL_OWN = ("cfg", "opts", "transport")  # what a protocol object gets from its constructor
+PROTOCOL_OWN = ("cfg", "opts", "transport", "device")  # what a protocol object gets from its config
 
 
 class ShardWriter(Transport):
@@ -86,6 +86,7 @@ def write_shards(cfg: RunConfig, out: Path, data: Data | None = None) -> dict[st
     torch.manual_seed(cfg.seed)  # as a run does before it loads the data and sets up
     data = data if data is not None else load_data(cfg)
     check_scored(data)  # the evaluator's file would be refused where it is loaded, after training began
+    cfg = cfg.model_copy(update={"device": "cpu"})  # shards are written on the CPU: no GPU needed here
     writer = ShardWriter()
     protocol = protocol_class(cfg.protocol_name)(cfg, writer)
     protocol.setup(data)
@@ -179,6 +180,7 @@ def deploy(cfg: RunConfig, transport: Transport) -> tuple[Any, Any]:
     try:
         for key, value in server["attributes"].items():
             setattr(protocol, key, restore(getattr(protocol, key, None), value))
+        protocol.place()
         torch.set_rng_state(server["rng"])
     except (RuntimeError, KeyError, TypeError, ValueError) as err:
         raise ConfigError(f"backend.shards: {folder / SERVER} does not fit {cfg.protocol_name} "

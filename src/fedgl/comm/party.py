@@ -108,17 +108,17 @@ class PartyGroup:
 
     def __init__(self, device: str = "cpu") -> None:
         self.parties: dict[str, Party] = {}
-        self.device = devices.resolve(device)
+        self.device = device  # resolved where each party is made: a machine without it refuses that party
 
     def add(self, name: str, cls: type[Party], kwargs: dict[str, Any]) -> None:
-        self.parties[name] = cls.create(self.device, **kwargs)
+        self.parties[name] = cls.create(devices.resolve(self.device), **kwargs)
 
     def add_from_file(self, name: str, cls_path: str, path: str, sha256: str | None = None) -> None:
         """Make party ``name`` from its own shard file, read here (deployment: on the party's node)."""
         from .shard_file import load_party
 
         cls, kwargs = load_party(path, cls_path, sha256)
-        self.parties[name] = cls.create(self.device, **kwargs)
+        self.parties[name] = cls.create(devices.resolve(self.device), **kwargs)
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         return {name: party.get_state() for name, party in self.parties.items()}

@@ -162,7 +162,7 @@ class RayTransport(Transport):
 
     def __init__(self, network: NetworkModel | None = None, device: str = "cpu", *, address: str | None = None,
                  actors: int | None = None, connect_timeout_s: float = 30.0, nodes: dict[str, str] | None = None):
-        super().__init__(network)
+        super().__init__(network, device)
         self._device = device  # resolved by each host, where its parties compute
         try:
             import ray
@@ -217,7 +217,7 @@ class RayTransport(Transport):
 
     def _create(self, name: str, cls: type[Party], kwargs: dict[str, Any]) -> None:
         self._specs[name] = ("add", (name, cls, kwargs))
-        self._ray.get(self._send(self._hosts[self._place(name)], "add", name, cls, kwargs))
+        self._gather({0: self._send(self._hosts[self._place(name)], "add", name, cls, kwargs)})
 
     def _create_from_file(self, name: str, cls_path: str, path: str, sha256: str | None) -> None:
         self._specs[name] = ("add_from_file", (name, cls_path, path, sha256))

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
+from ..device import to_wire
 from .ledger import EVAL, SERVER, Ledger
 from .network import NetworkModel, SimClock
 from .party import Party, PartyGroup
@@ -25,7 +26,8 @@ from .rpc import Measured, measure_args, measure_result, spec_of
 class Transport:
     backend = "abstract"
 
-    def __init__(self, network: NetworkModel | None = None):
+    def __init__(self, network: NetworkModel | None = None, device: str = "cpu"):
+        self.server_on_device = device != "cpu"
         self.ledger = Ledger()
         self.clock = SimClock(network or NetworkModel())
         self._classes: dict[str, type[Party]] = {}
@@ -165,6 +167,8 @@ class Transport:
         """One batch: server compute since the last batch or call is charged, every message measured
         both ways, each target's (download + compute + upload) seconds put in ``times``."""
         self._charge_server()
+        if self.server_on_device:  # what a server computing on an accelerator sends crosses as CPU tensors
+            calls = [(target, to_wire(kwargs)) for target, kwargs in calls]
         network = self.clock.network
         downs: list[Measured] = []
         for target, kwargs in calls:
@@ -252,7 +256,7 @@ class LocalTransport(Transport):
     backend = "local"
 
     def __init__(self, network: NetworkModel | None = None, device: str = "cpu"):
-        super().__init__(network)
+        super().__init__(network, device)
         self._group = PartyGroup(device)
         self._parties = self._group.parties
 

@@ -7,12 +7,14 @@ scoring is done by the ``Evaluator``, a harness outside every party that holds t
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any, ClassVar
 
 import torch
 from pydantic import BaseModel, ConfigDict
 from torch_geometric.data import Data
 
+from .. import device as devices
 from ..comm import Transport
 from ..config import RunConfig
 from ..evaluation import Evaluator
@@ -30,12 +32,25 @@ class Protocol:
     scenario: ClassVar[str]  # central | horizontal | vertical | node-level
     Options: ClassVar[type[ProtocolOptions]] = ProtocolOptions
     can_skip_parties: ClassVar[bool] = False  # whether training can go on without a lost client
+    on_device: ClassVar[tuple[str, ...]] = ()  # server attributes its compute on ``device`` reads
 
     def __init__(self, cfg: RunConfig, transport: Transport):
         self.cfg = cfg
         self.opts: Any = cfg.options()
         self.transport = transport
         self.generator = torch.Generator().manual_seed(cfg.seed)  # the server's own randomness
+
+    @cached_property
+    def device(self) -> torch.device:
+        """Where the server's own heavy compute runs (``cfg.device``), for protocols whose server trains a
+        model; routing and averaging stay on the CPU. Resolved on first use, so writing shards
+        (``fedgl partition``) needs no GPU."""
+        return devices.resolve(self.cfg.device)
+
+    def place(self) -> None:
+        """Move the ``on_device`` attributes to the device, once set up (or, deployed, loaded)."""
+        for key in self.on_device:
+            setattr(self, key, devices.move(getattr(self, key), self.device))
 
     def build(self, num_features: int, num_classes: int) -> None:
         """Make the server's own modules and optimisers from public facts about the data. ``setup``

@@ -27,7 +27,6 @@ class Centralized(Protocol):
     Options = CentralizedOptions
 
     def setup(self, data: Data) -> None:
-        self.device = devices.resolve(self.cfg.device)  # the one party here: the whole graph computes there
         model = make_model(self.cfg.model, data.num_features, int(data.num_classes)).to(self.device)
         x, edge_index, y, train_mask = devices.move((data.x, data.edge_index, data.y, data.train_mask), self.device)
         with devices.working_on(self.device):

@@ -22,6 +22,7 @@ from torch import Tensor
 from torch.nn import functional as F
 from torch_geometric.data import Data
 
+from .. import device as devices
 from ..comm import Party, Rows, rpc
 from ..config import TrainConfig
 from ..evaluation import Evaluator
@@ -142,12 +143,13 @@ class NFedGNN(Protocol):
     scenario = "node-level"
     Options = NFedGNNOptions
     Users: type[UserPopulation] = UserPopulation
+    on_device = ("train_idx", "y_train", "graph", "latents")
 
     # ---- setup --------------------------------------------------------------------------------------
     def build(self, num_features: int, num_classes: int) -> None:
         m = self.cfg.model
         self.shape: SplitShape = split_shape(m.name, m.hidden, num_classes, m.layers, m.dropout, m.options)
-        self.server = build_server_model(self.shape)
+        self.server = build_server_model(self.shape).to(self.device)  # the layers over the whole graph
         self.server_optimizer = make_optimizer(self.server.parameters(), self.cfg.train)
 
     def setup(self, data: Data) -> None:
@@ -166,6 +168,7 @@ class NFedGNN(Protocol):
             decoupled_decay=self.opts.user_weight_decay == "decoupled", dp=self.cfg.privacy.dp,
             **self.user_options())])[0]
         self.accountant = Accountant(self.cfg.privacy.dp) if self.cfg.privacy.dp is not None else None
+        self.place()
 
     def user_options(self) -> dict[str, Any]:
         return {"shared_init": self.opts.user_init == "shared"}
@@ -190,8 +193,9 @@ class NFedGNN(Protocol):
         users = self.sample_users()
         if self.accountant is not None:  # each participant releases one noised latent
             self.accountant.step(1.0 if users is None else users.numel() / self.num_users)
-        latents = self.transport.call(self.users, "embed", users=users)
-        stats, grad = self.server_step(latents, users)
+        latents = self.transport.call(self.users, "embed", users=users).to(self.device)
+        with devices.working_on(self.device):
+            stats, grad = self.server_step(latents, users)
         self.transport.call(self.users, "update", grad=grad, users=users)
         return stats | ({"epsilon": self.accountant.epsilon()} if self.accountant is not None else {})
 
@@ -225,9 +229,10 @@ class NFedGNN(Protocol):
     def predict(self, evaluator: Evaluator) -> Tensor:
         if self.accountant is not None:  # scoring needs every user's latent: one more release each
             self.accountant.step(1.0)
-        latents = self.transport.call(self.users, "infer")
+        latents = self.transport.call(self.users, "infer").to(self.device)
         self.server.eval()
-        return self.server(latents, self.graph)
+        with devices.working_on(self.device):
+            return self.server(latents, self.graph).cpu()
 
     # ---- checkpoints --------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -242,7 +247,7 @@ class NFedGNN(Protocol):
         super().load_state_dict(state)
         self.server.load_state_dict(state["server"])
         self.server_optimizer.load_state_dict(state["optimizer"])
-        self.latents = state["latents"]
+        self.latents = state["latents"].to(self.device)  # checkpoints are read onto the CPU
         self.last_stats = state["last_stats"]
         if self.accountant is not None:
             self.accountant.rates = list(state["dp_rates"])
