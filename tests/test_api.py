@@ -85,3 +85,9 @@ def test_a_run_refused_after_its_parties_started_stops_them(monkeypatch, tmp_pat
         fedgl.run({"dataset": {"options": {"num_nodes": 300}}, "backend": {"parties": {"nobody": {"node": "x"}}}},
                   out_dir=tmp_path / "run")
     assert len(closed) == 1
+
+
+def test_a_setting_the_run_never_reads_is_a_warning(tmp_path):
+    with pytest.warns(fedgl.UnreadSetting, match=r"partition.edge_drop \(0.2\) is not read: .* glasu splits features"):
+        fedgl.run(None, out_dir=tmp_path, protocol__name="glasu", partition__edge_drop=0.2, train__rounds=1,
+                  dataset__options={"num_nodes": 120})

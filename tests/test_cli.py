@@ -371,6 +371,46 @@ def test_settings_that_would_train_on_nothing_or_silently_do_nothing(capsys, tmp
                         "--set", "protocol.policy_choices=[-3, 0]"], "protocol.policy_choices")
 
 
+@pytest.mark.parametrize("key", ["train.rounds", "train.lr", "threads", "protocol.local_epochs",
+                                 "privacy.dp.noise_multiplier"])
+def test_a_boolean_is_not_a_number(capsys, tmp_path, key):
+    """``rounds: true`` would otherwise run 1 round and ``lr: yes`` train at 1.0."""
+    fails_with(capsys, ["run", *TINY, "--out", str(tmp_path), "--set", f"{key}=true"], key, "expected a number")
+
+
+def test_a_party_out_of_memory_on_ray_is_one_line(ray_session, capsys, tmp_path):
+    """The allocation fails inside a Ray host; the driver reports it as it does in-process."""
+    assert main(["run", *TINY, "--out", str(tmp_path), "--backend", "ray", "--set", "model.hidden=1000000000000"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("fedgl: run failed: out of memory"), err
+
+
+def test_settings_a_run_never_reads_are_noted(capsys, tmp_path):
+    """Running another protocol from the same settings is normal: a note, not an error, and only for
+    values changed from their defaults."""
+    assert main(["run", *TINY, "--out", str(tmp_path / "a"), "--protocol", "centralized", "--clients", "3",
+                 "--set", "partition.method=metis", "--set", "backend.actors=2"]) == 0
+    err = capsys.readouterr().err
+    assert "note: partition.num_clients (3) is not read: centralized trains one party" in err
+    assert "note: backend.actors (2) is not read: it is Ray's" in err
+    assert "partition.method" not in err  # the default value
+    assert main(["run", *TINY, "--out", str(tmp_path / "b"), "--set", "partition.alpha=0.1"]) == 0
+    assert "partition.alpha (0.1) is not read: only the dirichlet methods read it, not metis" in capsys.readouterr().err
+    assert main(["run", *TINY, "--out", str(tmp_path / "c"), "--set", "partition.method=dirichlet",
+                 "--set", "partition.alpha=0.1", "--set", "partition.edge_keep=0.5"]) == 0
+    assert capsys.readouterr().err.strip() == ("fedgl: note: partition.edge_keep (0.5) is not read: it shapes "
+                                               "vertical partitions, and fedavg splits nodes")
+
+
+def test_a_run_refused_while_it_sets_up_leaves_no_folder(capsys, tmp_path):
+    new, kept = tmp_path / "new", tmp_path / "kept"
+    kept.mkdir()
+    for out in (new, kept):
+        fails_with(capsys, ["run", *TINY, "--out", str(out), "--protocol", "llcg", "--set", "model.name=sage"],
+                   "protocol.local_steps")
+    assert not new.exists() and kept.is_dir()  # a folder the user made stays
+
+
 def test_backend_parties_must_name_parties_of_the_run(capsys, tmp_path):
     fails_with(capsys, ["run", *TINY, "--out", str(tmp_path), "--set", "backend.parties={nobody: {node: x}}"],
                "no party nobody", "group0")
@@ -408,6 +448,11 @@ def test_bench_refuses_bad_seeds_and_reads_set_values_as_run_does(capsys, tmp_pa
 def test_a_model_too_large_to_allocate_is_one_line(capsys, tmp_path):
     """256 TB of weights, more than a 64-bit processor's user address space (128 TB with 48-bit
     addresses): torch's allocator refuses at once, whatever the machine's memory."""
-    assert main(["run", *TINY, "--out", str(tmp_path), "--set", "model.hidden=1000000000000"]) == 1
+    out = tmp_path / "run"
+    assert main(["run", *TINY, "--out", str(out), "--set", "model.hidden=1000000000000"]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("fedgl: run failed: out of memory"), err
+    assert not out.exists()  # the folder it made for the run is gone again
+    assert main(["partition", "--set", "protocol.name=nfedgnn", "--set", "model.hidden=1000000000000",
+                 "--out", str(out)]) == 1
+    assert capsys.readouterr().err.startswith("fedgl: partition failed: out of memory")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from fedgl.bench import docs
@@ -45,3 +46,30 @@ def test_a_marker_may_keep_some_columns_and_rows(tmp_path: Path) -> None:
     doc.write_text(doc.read_text().replace("; accuracy |", "; acc |").replace("rows: cora", "rows: citeseer"))
     assert docs.stale(tmp_path) == ["README.md: the table citing benchmarks/results/t/table.md: no row whose first "
                                     "cell contains 'citeseer'"]
+
+
+def test_a_number_in_prose_equals_its_marked_source(tmp_path: Path) -> None:
+    result = tmp_path / "benchmarks" / "results" / "t" / "table.json"
+    result.parent.mkdir(parents=True)
+    rows = [{"variant": "a", "test_accuracy": {"mean": 0.8123, "std": 0.004, "paper": 80.1},
+             "bytes_total": {"mean": 3.2e6, "std": 0.0, "paper": None}},
+            {"variant": "b", "test_accuracy": {"mean": 0.7751, "std": 0.01, "paper": None},
+             "bytes_total": {"mean": 8e6, "std": 0.0, "paper": None}}]
+    result.write_text(json.dumps({"task": "t", "rows": rows}))
+    doc = tmp_path / "README.md"
+    doc.write_text("a reaches 81.23<!-- = [t|a|test_accuracy] -->% (81.2<!-- = [t|a|test_accuracy] --> rounded; "
+                   "paper 80.1<!-- = [t|a|test_accuracy (paper)] -->, std 0.40<!-- = [t|a|test_accuracy std] -->),\n"
+                   "3.7<!-- = [t|a|test_accuracy] - [t|b|test_accuracy] --> points above b with "
+                   "2.5<!-- = [t|b|bytes_total] / [t|a|bytes_total] -->x fewer MB, at most "
+                   "8<!-- = max([t|a|bytes_total], [t|b|bytes_total]) --> MB\n")
+    assert docs.stale(tmp_path) == []
+    rows[0]["test_accuracy"]["mean"] = 0.80
+    result.write_text(json.dumps({"task": "t", "rows": rows}))
+    assert docs.stale(tmp_path) == [
+        "README.md: line 1: 81.23 is not [t|a|test_accuracy] = 80",
+        "README.md: line 1: 81.2 is not [t|a|test_accuracy] = 80",
+        "README.md: line 2: 3.7 is not [t|a|test_accuracy] - [t|b|test_accuracy] = 2.49"]
+    doc.write_text("x 1<!-- = [t|c|test_accuracy] --> y 2<!-- = [u|a|test_accuracy] --> z 3<!-- = import os -->\n")
+    assert docs.stale(tmp_path) == ["README.md: line 1: 1: t has no variant 'c'",
+                                    "README.md: line 1: 2: benchmarks/results/u/table.json is not committed",
+                                    "README.md: line 1: 3: cannot read 'import os'"]

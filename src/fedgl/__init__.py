@@ -16,7 +16,7 @@ _lean_imports.install()
 
 # The protocol registry (names only; each protocol module loads on first use) validates configs.
 from fedgl import protocols  # noqa: E402
-from fedgl.api import load_config, run  # noqa: E402
+from fedgl.api import UnreadSetting, load_config, run  # noqa: E402
 
 # Loaded on first access: they import torch_geometric, which takes seconds.
 _LAZY = {"datasets": "fedgl.data", "partition": "fedgl.partition"}
@@ -30,4 +30,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'fedgl' has no attribute {name!r}")
 
 
-__all__ = ["__version__", "datasets", "load_config", "partition", "protocols", "run"]
+__all__ = ["UnreadSetting", "__version__", "datasets", "load_config", "partition", "protocols", "run"]

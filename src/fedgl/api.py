@@ -13,11 +13,17 @@ from __future__ import annotations
 
 import copy
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
 from .config import RunConfig, build_config, read_yaml, set_key
 from .errors import ConfigError
+
+
+class UnreadSetting(UserWarning):
+    """A setting given a value that the run never reads (e.g. ``partition.num_clients`` for the
+    centralized reference); ``warnings.simplefilter("ignore", fedgl.UnreadSetting)`` silences it."""
 
 
 def load_config(config: RunConfig | str | Path | dict[str, Any] | None = None, **overrides: Any) -> RunConfig:
@@ -48,10 +54,13 @@ def run(config: RunConfig | str | Path | dict[str, Any] | None = None, *, out_di
     ``metrics``, ``out_dir``, ``ledger()``, ``config_path``). As with ``fedgl run``, a folder holding a
     finished run is replaced only with ``overwrite=True``, and ``resume=True`` needs ``out_dir`` with
     a checkpoint."""
-    from .runner import API_NAMES, prepare
+    from .runner import API_NAMES, prepare, unread_settings
 
-    job = prepare(load_config(config, **overrides), out_dir, resume=resume, overwrite=overwrite, names=API_NAMES)
+    cfg = load_config(config, **overrides)
+    for note in unread_settings(cfg):
+        warnings.warn(note, UnreadSetting, stacklevel=2)
+    job = prepare(cfg, out_dir, resume=resume, overwrite=overwrite, names=API_NAMES)
     return job.execute(progress=progress)
 
 
-__all__ = ["load_config", "run"]
+__all__ = ["UnreadSetting", "load_config", "run"]

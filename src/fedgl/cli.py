@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from . import __version__
-from .errors import ConfigError, FedglError, RunFailed
+from .errors import ConfigError, FedglError, RunFailed, out_of_memory
 
 
 @functools.cache
@@ -40,10 +40,12 @@ _FLAGS = {  # run flags that are shorthands for config keys
 def _run(args: argparse.Namespace) -> int:
     from .config import load_config
     from .progress import human_bytes
-    from .runner import prepare
+    from .runner import prepare, unread_settings
 
     overrides = [f"{key}={value}" for flag, key in _FLAGS.items() if (value := getattr(args, flag)) is not None]
     cfg = load_config(args.config, overrides + list(args.set or []))
+    for note in unread_settings(cfg):
+        print(f"fedgl: note: {note}", file=sys.stderr)
     job = prepare(cfg, args.out, resume=args.resume, overwrite=args.overwrite)
     if args.resume:
         console().print(f"resuming from round {job.start_round}" if job.start_round <= cfg.train.rounds else
@@ -142,8 +144,12 @@ def _report(args: argparse.Namespace) -> int:
 def _partition(args: argparse.Namespace) -> int:
     from .config import load_config
     from .deployment import write_shards
+    from .runner import unread_settings
 
     cfg = load_config(args.config, list(args.set or []))
+    for note in unread_settings(cfg):
+        if note.startswith("partition."):
+            print(f"fedgl: note: {note}", file=sys.stderr)
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder")
@@ -229,14 +235,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fedgl: error: {err}", file=sys.stderr)
         return 2
     except RunFailed as err:
-        print(f"fedgl: run failed: {err}", file=sys.stderr)
+        print(f"fedgl: {args.command} failed: {err}", file=sys.stderr)
         return 1
-    except (MemoryError, RuntimeError) as err:  # torch's CPU allocator raises a RuntimeError
-        if not isinstance(err, MemoryError) and "can't allocate memory" not in str(err):
+    except (MemoryError, RuntimeError) as err:
+        if not out_of_memory(err):
             raise
         wanted = re.search(r"tried to allocate (\d+) bytes", str(err))
         size = f" ({int(wanted.group(1)) / 2**30:,.1f} GiB at once)" if wanted else ""
-        print(f"fedgl: run failed: out of memory{size}; a smaller model, batch or graph needs less",
+        print(f"fedgl: {args.command} failed: out of memory{size}; a smaller model, batch or graph needs less",
               file=sys.stderr)
         return 1
     except KeyboardInterrupt:

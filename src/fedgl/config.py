@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError
+from .options import Settings
 from .privacy.config import PrivacyConfig, PrivacySection
 
 
@@ -36,7 +37,7 @@ def protocol_options(section: dict[str, Any]) -> BaseModel:
     return _protocol_options(section)
 
 
-class Section(BaseModel):
+class Section(Settings):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 

@@ -32,3 +32,8 @@ class PartyFailure(Exception):
 
 class RunFailed(Exception):
     """A run stopped by a failure during it (not by bad input): one line, exit code 1."""
+
+
+def out_of_memory(err: BaseException | None) -> bool:
+    """Whether ``err`` is a failed allocation (torch's CPU allocator raises a RuntimeError)."""
+    return isinstance(err, MemoryError) or (isinstance(err, RuntimeError) and "can't allocate memory" in str(err))

@@ -417,6 +417,33 @@ def check_placements(placements: dict[str, Any], parties: list[str]) -> None:
                           f"{', '.join([*parties, EVALUATOR_PARTY])}")
 
 
+# Settings a scenario's partitioning never reads, and why, told to a user who set one.
+UNREAD = {
+    "central": (("partition.",), "{protocol} trains one party on the whole graph"),
+    "node-level": (("partition.",), "in {protocol} every node is its own user"),
+    "vertical": (("partition.alpha", "partition.edge_drop", "partition.cross_edge_drop", "partition.client_nodes"),
+                 "it shapes horizontal partitions, and {protocol} splits features"),
+    "horizontal": (("partition.edge_keep", "partition.label_holder"),
+                   "it shapes vertical partitions, and {protocol} splits nodes"),
+}
+
+
+def unread_settings(cfg: RunConfig) -> list[str]:
+    """One note per setting given a value other than its default that this run never reads. Running
+    another protocol from the same YAML is normal, so these are notes, not errors."""
+    scenario = protocol_class(cfg.protocol_name).scenario
+    prefixes, why = UNREAD.get(scenario, ((), ""))
+    reasons = dict.fromkeys(prefixes, why.format(protocol=cfg.protocol_name))
+    if scenario == "horizontal" and not cfg.partition.method.startswith("dirichlet"):
+        reasons["partition.alpha"] = f"only the dirichlet methods read it, not {cfg.partition.method}"
+    if cfg.backend.name == "local":
+        reasons |= dict.fromkeys(("backend.address", "backend.actors", "backend.connect_timeout_s"),
+                                 "it is Ray's, and the backend is local")
+    defaults = flat_config(RunConfig(protocol={"name": cfg.protocol_name}))
+    return [f"{key} ({value}) is not read: {reason}" for key, value in flat_config(cfg).items()
+            if value != defaults.get(key) for prefix, reason in reasons.items() if key.startswith(prefix)]
+
+
 # How a user names the results folder and its options: on the command line, or in ``fedgl.run``.
 CLI_NAMES = {"out": "--out", "overwrite": "--overwrite", "resume": "--resume"}
 API_NAMES = {"out": "out_dir", "overwrite": "overwrite=True", "resume": "resume=True"}
@@ -442,13 +469,20 @@ def prepare(cfg: RunConfig, out_dir: str | Path | None, *, resume: bool = False,
             names: dict[str, str] = CLI_NAMES) -> Run:
     """The run a user asked for (the ``fedgl run`` command and ``fedgl.run``): a folder holding a
     finished run is replaced only when asked, and a resume needs a folder with a checkpoint."""
+    made = not out_dir or not Path(out_dir).exists()  # a run refused while it sets up leaves no empty folder
     if out_dir:
         check_out_dir(Path(out_dir), resume=resume, overwrite=overwrite, names=names)
     elif resume:
         raise ConfigError(f"{names['resume']} needs {names['out']}: the folder of the run to continue")
     if resume and not (Path(out_dir) / CHECKPOINT).exists():  # before the data loads and the parties start
         raise ConfigError(f"cannot resume: {out_dir} holds no checkpoint (set checkpoint_every to write them)")
-    job = Run(cfg, out_dir)
+    folder = Path(out_dir) if out_dir else default_out_dir(cfg)
+    try:
+        job = Run(cfg, folder)
+    except BaseException:
+        if made and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+        raise
     if resume:
         try:
             job.resume()

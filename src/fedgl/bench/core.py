@@ -66,15 +66,26 @@ def aggregate(values: list[float]) -> tuple[float | None, float | None]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
+def display_scale(column: str, spec: str | None = None) -> float:
+    """What a column's values are multiplied by in tables: accuracies and scores as percentages,
+    bytes as MB, a column with its own format as it is."""
+    if spec is None and ("accuracy" in column or column.endswith(("f1", "auc"))):
+        return 100.0
+    if spec is None and column.startswith("bytes"):
+        return 1e-6
+    return 1.0
+
+
 def _cell(mean: float | None, std: float | None, column: str, spec: str | None = None) -> str:
     if mean is None:
         return "—"
     if spec is not None:
         return f"{mean:{spec}} ± {std or 0:{spec}}"
-    if "accuracy" in column or column.endswith(("f1", "auc")):
-        return f"{100 * mean:.2f} ± {100 * (std or 0):.2f}"
-    if column.startswith("bytes"):
-        return f"{mean / 1e6:.3f} ± {(std or 0) / 1e6:.3f} MB"
+    scale = display_scale(column)
+    if scale == 100.0:
+        return f"{scale * mean:.2f} ± {scale * (std or 0):.2f}"
+    if scale == 1e-6:
+        return f"{scale * mean:.3f} ± {scale * (std or 0):.3f} MB"
     return f"{mean:.4g} ± {std or 0:.2g}"
 
 

@@ -11,15 +11,32 @@ A documented table sits between two markers naming the committed file it copies:
 The table lines of the block (lines starting with ``|``) must equal the table lines of the cited
 file. A marker may keep some columns and rows only, for a compact table in the README:
 ``<!-- table: PATH | variant; test_accuracy; test_accuracy (paper) | rows: cora -->`` keeps those
-columns (by header) of the rows whose first cell contains ``cora``. ``python -m fedgl.bench.docs`` rewrites every block from its file after a bench run;
-``tests/test_docs.py`` fails when a block and its file differ or the file is missing, so no number
-can stay in the docs after the code stops reproducing it.
+columns (by header) of the rows whose first cell contains ``cora``. ``python -m fedgl.bench.docs``
+rewrites every block from its file after a bench run.
+
+A number in prose carries its source in a comment right after it, invisible once rendered::
+
+    FedPNS reaches 94.52<!-- = [fedaas-baselines-cs|FedPNS iid|final_test_accuracy] -->% ...
+    with 1.6<!-- = [t|FedCross iid|bytes_embedding] / [t|FedPNS iid|bytes_embedding] -->x the bytes
+
+``[FOLDER|VARIANT|COLUMN]`` is the mean of that cell of ``benchmarks/results/FOLDER/table.json``, in
+the table's units (percentages, MB); ``COLUMN (paper)`` is the paper's number beside it and
+``COLUMN std`` the standard deviation. Around references go numbers, ``+ - * /``, ``abs``, ``min``
+and ``max``. The prose number must equal the expression rounded to the digits the prose shows.
+
+``tests/test_docs.py`` fails when a block and its file differ, a file is missing or a marked number
+no longer equals its expression, so no number can stay in the docs after the code stops
+reproducing it.
 """
 
 from __future__ import annotations
 
+import ast
+import json
+import operator
 import re
 import sys
+from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -71,12 +88,112 @@ def expected(root: Path, path: str, selection: str) -> list[str]:
     return select(table_lines((root / path).read_text()), selection)
 
 
+VALUE = re.compile(r"(?P<number>-?\d[\d,]*(?:\.\d+)?)<!-- = (?P<expr>.+?) -->")
+REF = re.compile(r"\[(?P<folder>[^|\]]+)\|(?P<variant>[^|\]]+)\|(?P<column>[^|\]]+)\]")
+_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+              ast.USub: operator.neg}
+_FUNCTIONS = {"abs": abs, "min": min, "max": max}
+
+
+def _table(root: Path, folder: str) -> tuple[dict[str, dict], dict[str, str]]:
+    """A committed table's rows by variant and its task's column formats."""
+    path = root / "benchmarks" / "results" / folder / "table.json"
+    return _read_table(path, path.stat().st_mtime_ns)
+
+
+@cache
+def _read_table(path: Path, version: int) -> tuple[dict[str, dict], dict[str, str]]:
+    from . import all_tasks
+
+    data = json.loads(path.read_text())
+    task = all_tasks().get(data.get("task", ""))
+    return {row["variant"]: row for row in data["rows"]}, (task.formats if task else {})
+
+
+def ref_value(root: Path, folder: str, variant: str, column: str) -> float:
+    """The number ``[folder|variant|column]`` names, in the table's units."""
+    from .core import display_scale
+
+    try:
+        rows, formats = _table(root, folder)
+    except FileNotFoundError:
+        raise ValueError(f"benchmarks/results/{folder}/table.json is not committed") from None
+    name, _, part = column.partition(" ")
+    if variant not in rows:
+        raise ValueError(f"{folder} has no variant {variant!r}")
+    if name not in rows[variant]:
+        raise ValueError(f"{folder} has no column {name!r}")
+    entry = rows[variant][name]
+    if part == "(paper)":
+        value = entry["paper"]
+    elif part in ("", "std"):
+        value = entry["mean" if not part else "std"]
+        value = None if value is None else value * display_scale(name, formats.get(name))
+    else:
+        raise ValueError(f"unknown column part {part!r} (use '(paper)' or 'std')")
+    if value is None:
+        raise ValueError(f"{folder}: {variant} / {column} is empty")
+    return float(value)
+
+
+def evaluate(root: Path, expr: str) -> float:
+    """The value of a marker's expression (references, numbers, + - * /, abs, min, max)."""
+    values: list[float] = []
+
+    def name(m: re.Match) -> str:
+        values.append(ref_value(root, m["folder"].strip(), m["variant"].strip(), m["column"].strip()))
+        return f"_{len(values) - 1}"
+
+    def walk(node: ast.AST) -> float:
+        if isinstance(node, ast.Expression):
+            return walk(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+            return float(node.value)
+        if isinstance(node, ast.Name) and node.id.startswith("_"):
+            return values[int(node.id[1:])]
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+            return _OPERATORS[type(node.op)](walk(node.left), walk(node.right))
+        if isinstance(node, ast.UnaryOp) and type(node.op) in _OPERATORS:
+            return _OPERATORS[type(node.op)](walk(node.operand))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS:
+            return _FUNCTIONS[node.func.id](*(walk(a) for a in node.args))
+        raise ValueError(f"cannot read {ast.unparse(node)!r} in {expr!r}")
+
+    try:
+        return walk(ast.parse(REF.sub(name, expr), mode="eval"))
+    except SyntaxError:
+        raise ValueError(f"cannot read {expr!r}") from None
+
+
+def matches(number: str, value: float) -> bool:
+    """Whether the prose ``number`` is ``value`` rounded to the digits it shows."""
+    digits = len(number.partition(".")[2])
+    return abs(value - float(number.replace(",", ""))) <= 0.5 * 10.0**-digits + 1e-9
+
+
+def stale_values(text: str, root: Path = ROOT) -> list[str]:
+    """One line per marked prose number that differs from its expression or cannot be evaluated."""
+    problems = []
+    for m in VALUE.finditer(text):
+        line = text.count("\n", 0, m.start()) + 1
+        try:
+            value = evaluate(root, m["expr"])
+        except (ValueError, ZeroDivisionError, KeyError, TypeError) as err:
+            problems.append(f"line {line}: {m['number']}: {err}")
+            continue
+        if not matches(m["number"], value):
+            problems.append(f"line {line}: {m['number']} is not {m['expr']} = {value:.6g}")
+    return problems
+
+
 def stale(root: Path = ROOT) -> list[str]:
-    """One line per marked block that is missing its file or differs from it."""
+    """One line per marked block that is missing its file or differs from it, and per marked prose
+    number that no longer equals its source."""
     problems = []
     for doc in documents(root):
         if not doc.exists():
             continue
+        problems.extend(f"{doc.name}: {p}" for p in stale_values(doc.read_text(), root))
         for path, selection, lines in blocks(doc.read_text()):
             if not (root / path).exists():
                 problems.append(f"{doc.name}: cites {path}, which is not committed")

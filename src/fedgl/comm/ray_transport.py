@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from ..errors import ConfigError, FedglError, PartyFailure
+from ..errors import ConfigError, FedglError, PartyFailure, out_of_memory
 from .network import NetworkModel
 from .party import Party, PartyGroup
 from .payload import broadcast_base
@@ -232,7 +232,8 @@ class RayTransport(Transport):
 
     def _gather(self, futures: dict[int, Any]) -> dict[int, Any]:
         """Each host's result; a host whose actor died raises ``PartyFailure`` naming its parties, and a
-        one-line error raised inside a host (e.g. a refused checkpoint) is raised here as it was."""
+        one-line error raised inside a host (e.g. a refused checkpoint) or its running out of memory is
+        raised here as it was."""
         results, lost = {}, []
         for h, future in futures.items():
             try:
@@ -240,7 +241,7 @@ class RayTransport(Transport):
             except self._ray.exceptions.RayActorError:
                 lost.append(h)
             except self._ray.exceptions.RayTaskError as err:
-                if isinstance(err.cause, FedglError):
+                if isinstance(err.cause, FedglError) or out_of_memory(err.cause):
                     raise err.cause from None
                 raise
         if lost:

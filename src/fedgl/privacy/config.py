@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo
+from pydantic import AfterValidator, ConfigDict, Field, ValidationInfo
 
 from ..errors import ConfigError
+from ..options import Settings
 
 # protocol name -> the privacy options its code implements
 SUPPORTED: dict[str, tuple[str, ...]] = {
@@ -32,21 +33,20 @@ SUPPORTED: dict[str, tuple[str, ...]] = {
 }
 
 
-class DPConfig(BaseModel):
+class DPConfig(Settings):
     """Gaussian mechanism on what a client releases (FedAvg, FedAAS: its model update; the Swift family,
     FedAAS: each row it sums for another client; GLASU: each node's row of its representations): clip to
     ``max_norm`` (L2), add N(0, (noise_multiplier * max_norm)^2) to every coordinate (FedAAS's attention
     terms carry one more coordinate, see docs/privacy.md); epsilon is reported at ``delta``."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     noise_multiplier: float = Field(gt=0, description="noise standard deviation over max_norm")
     max_norm: float = Field(gt=0, description="L2 bound every client update (Swift, FedAAS, GLASU: every row sent) "
                                               "is clipped to")
     delta: float = Field(1e-5, gt=0, lt=1, description="the delta epsilon is reported at")
 
 
-class PrivacyConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+class PrivacyConfig(Settings):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
     secure_aggregation: bool = Field(False, description=(
         "additive masks: the server sees only masked sums (Swift: not even those)"))
     dp: DPConfig | None = Field(None, description="differential privacy on model updates and exchanged "

@@ -11,19 +11,18 @@ from functools import cached_property
 from typing import Any, ClassVar
 
 import torch
-from pydantic import BaseModel, ConfigDict
 from torch_geometric.data import Data
 
 from .. import device as devices
 from ..comm import Transport
 from ..config import RunConfig
 from ..evaluation import Evaluator
+from ..options import Settings
 
 
-class ProtocolOptions(BaseModel):
+class ProtocolOptions(Settings):
     """Settings of one protocol; subclasses add fields. Unknown keys are errors."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     name: str
 
 
