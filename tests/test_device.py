@@ -61,6 +61,16 @@ def test_private_runs_on_the_accelerator_equal_the_cpu(tmp_path, monkeypatch, re
     assert accelerated == cpu
 
 
+def test_parties_hold_and_roll_back_on_the_accelerator(tmp_path, monkeypatch):
+    """FedAAS's tau_0 grid tries every interval from one held state and rolls back each time."""
+    grid = {"protocol": {"name": "fedaas", "tau0": "grid"}, "partition": {"client_nodes": "train"}}
+    cpu = fedgl.run(grid, out_dir=tmp_path / "cpu", **SMALL)
+    with fake_accelerator(monkeypatch):
+        accelerated = fedgl.run(grid, out_dir=tmp_path / "acc", device="cuda", **SMALL)
+    assert accelerated.summary["tau0"] == cpu.summary["tau0"]
+    assert accelerated.ledger() == cpu.ledger()
+
+
 def test_a_resumed_accelerator_run_equals_an_uninterrupted_one(tmp_path, monkeypatch):
     with fake_accelerator(monkeypatch):
         whole = _run(tmp_path, "whole", "swift", device="cuda")

@@ -61,14 +61,17 @@ def test_a_number_in_prose_equals_its_marked_source(tmp_path: Path) -> None:
                    "paper 80.1<!-- = [t|a|test_accuracy (paper)] -->, std 0.40<!-- = [t|a|test_accuracy std] -->),\n"
                    "3.7<!-- = [t|a|test_accuracy] - [t|b|test_accuracy] --> points above b with "
                    "2.5<!-- = [t|b|bytes_total] / [t|a|bytes_total] -->x fewer MB, at most "
-                   "8<!-- = max([t|a|bytes_total], [t|b|bytes_total]) --> MB\n")
+                   "8<!-- = max([t|a|bytes_total], [t|b|bytes_total]) --> MB; 77.51<!-- = [t|b|test_accuracy] -->-"
+                   "81.23<!-- = [t|a|test_accuracy] -->, -3.72<!-- = [t|b|test_accuracy] - [t|a|test_accuracy] -->\n")
     assert docs.stale(tmp_path) == []
     rows[0]["test_accuracy"]["mean"] = 0.80
     result.write_text(json.dumps({"task": "t", "rows": rows}))
     assert docs.stale(tmp_path) == [
         "README.md: line 1: 81.23 is not [t|a|test_accuracy] = 80",
         "README.md: line 1: 81.2 is not [t|a|test_accuracy] = 80",
-        "README.md: line 2: 3.7 is not [t|a|test_accuracy] - [t|b|test_accuracy] = 2.49"]
+        "README.md: line 2: 3.7 is not [t|a|test_accuracy] - [t|b|test_accuracy] = 2.49",
+        "README.md: line 2: 81.23 is not [t|a|test_accuracy] = 80",
+        "README.md: line 2: -3.72 is not [t|b|test_accuracy] - [t|a|test_accuracy] = -2.49"]
     doc.write_text("x 1<!-- = [t|c|test_accuracy] --> y 2<!-- = [u|a|test_accuracy] --> z 3<!-- = import os -->\n")
     assert docs.stale(tmp_path) == ["README.md: line 1: 1: t has no variant 'c'",
                                     "README.md: line 1: 2: benchmarks/results/u/table.json is not committed",

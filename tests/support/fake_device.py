@@ -142,6 +142,10 @@ class _Generator(_REAL_GENERATOR):
     def device(self) -> torch.device:
         return DEVICE if self in _ON_DEVICE else torch.device("cpu")
 
+    def __reduce__(self):  # a held party state comes back with its generators where they were
+        _, _, state = super().__reduce__()
+        return _Generator, (self.device,), state
+
 
 @contextmanager
 def fake_accelerator(monkeypatch):

@@ -20,8 +20,8 @@ A number in prose carries its source in a comment right after it, invisible once
     with 1.6<!-- = [t|FedCross iid|bytes_embedding] / [t|FedPNS iid|bytes_embedding] -->x the bytes
 
 ``[FOLDER|VARIANT|COLUMN]`` is the mean of that cell of ``benchmarks/results/FOLDER/table.json``, in
-the table's units (percentages, MB); ``COLUMN (paper)`` is the paper's number beside it and
-``COLUMN std`` the standard deviation. Around references go numbers, ``+ - * /``, ``abs``, ``min``
+the table's units (percentages, MB; a script's table of shown cells, its first number);
+``COLUMN (paper)`` is the paper's number beside it and ``COLUMN std`` the standard deviation. Around references go numbers, ``+ - * /``, ``abs``, ``min``
 and ``max``. The prose number must equal the expression rounded to the digits the prose shows.
 
 ``tests/test_docs.py`` fails when a block and its file differ, a file is missing or a marked number
@@ -88,49 +88,59 @@ def expected(root: Path, path: str, selection: str) -> list[str]:
     return select(table_lines((root / path).read_text()), selection)
 
 
-VALUE = re.compile(r"(?P<number>-?\d[\d,]*(?:\.\d+)?)<!-- = (?P<expr>.+?) -->")
+# a minus right after a word, a number or a marker is a range's dash (88.07-88.43), not a sign
+VALUE = re.compile(r"(?P<number>(?:(?<![\w>)])-)?\d[\d,]*(?:\.\d+)?)<!-- = (?P<expr>.+?) -->")
 REF = re.compile(r"\[(?P<folder>[^|\]]+)\|(?P<variant>[^|\]]+)\|(?P<column>[^|\]]+)\]")
 _OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
               ast.USub: operator.neg}
 _FUNCTIONS = {"abs": abs, "min": min, "max": max}
 
 
-def _table(root: Path, folder: str) -> tuple[dict[str, dict], dict[str, str]]:
-    """A committed table's rows by variant and its task's column formats."""
+def _table(root: Path, folder: str) -> dict[str, dict[str, dict[str, float | None]]]:
+    """A committed table's cells by variant and column, each as mean, std and paper number in the
+    units the table shows."""
     path = root / "benchmarks" / "results" / folder / "table.json"
     return _read_table(path, path.stat().st_mtime_ns)
 
 
 @cache
-def _read_table(path: Path, version: int) -> tuple[dict[str, dict], dict[str, str]]:
+def _read_table(path: Path, version: int) -> dict[str, dict[str, dict[str, float | None]]]:
     from . import all_tasks
+    from .core import display_scale
 
     data = json.loads(path.read_text())
+    if isinstance(data, list):  # a script's table: rows of cells as shown ("69.00 ± 1.39")
+        return {str(row["variant"]): {column: _shown(cell) for column, cell in row.items()} for row in data}
     task = all_tasks().get(data.get("task", ""))
-    return {row["variant"]: row for row in data["rows"]}, (task.formats if task else {})
+    formats = task.formats if task else {}
+
+    def entry(column: str, cell: dict) -> dict[str, float | None]:
+        scale = display_scale(column, formats.get(column))
+        return {"mean": None if cell["mean"] is None else cell["mean"] * scale,
+                "std": None if cell.get("std") is None else cell["std"] * scale, "paper": cell.get("paper")}
+    return {row["variant"]: {c: entry(c, cell) for c, cell in row.items() if isinstance(cell, dict)}
+            for row in data["rows"]}
+
+
+def _shown(cell: object) -> dict[str, float | None]:
+    numbers = [float(n) for n in re.findall(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?", str(cell))]
+    return {"mean": numbers[0] if numbers else None, "std": numbers[1] if "±" in str(cell) and len(numbers) > 1
+            else None, "paper": None}
 
 
 def ref_value(root: Path, folder: str, variant: str, column: str) -> float:
     """The number ``[folder|variant|column]`` names, in the table's units."""
-    from .core import display_scale
-
     try:
-        rows, formats = _table(root, folder)
+        rows = _table(root, folder)
     except FileNotFoundError:
         raise ValueError(f"benchmarks/results/{folder}/table.json is not committed") from None
-    name, _, part = column.partition(" ")
+    part = next((p for p in ("(paper)", "std") if column.endswith(f" {p}")), "")
+    name = column.removesuffix(f" {part}") if part else column
     if variant not in rows:
         raise ValueError(f"{folder} has no variant {variant!r}")
     if name not in rows[variant]:
         raise ValueError(f"{folder} has no column {name!r}")
-    entry = rows[variant][name]
-    if part == "(paper)":
-        value = entry["paper"]
-    elif part in ("", "std"):
-        value = entry["mean" if not part else "std"]
-        value = None if value is None else value * display_scale(name, formats.get(name))
-    else:
-        raise ValueError(f"unknown column part {part!r} (use '(paper)' or 'std')")
+    value = rows[variant][name][{"(paper)": "paper", "std": "std", "": "mean"}[part]]
     if value is None:
         raise ValueError(f"{folder}: {variant} / {column} is empty")
     return float(value)
