@@ -90,7 +90,7 @@ def expected(root: Path, path: str, selection: str) -> list[str]:
 
 # a minus right after a word, a number or a marker is a range's dash (88.07-88.43), not a sign
 VALUE = re.compile(r"(?P<number>(?:(?<![\w>)])-)?\d[\d,]*(?:\.\d+)?)<!-- = (?P<expr>.+?) -->")
-REF = re.compile(r"\[(?P<folder>[^|\]]+)\|(?P<variant>[^|\]]+)\|(?P<column>[^|\]]+)\]")
+REF = re.compile(r"\[(?P<folder>[^|\][]+)\|(?P<variant>[^|]+?)\|(?P<column>[^|\]]+)\]")  # a variant may hold [ ]
 _OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
               ast.USub: operator.neg}
 _FUNCTIONS = {"abs": abs, "min": min, "max": max}
