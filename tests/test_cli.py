@@ -378,6 +378,20 @@ def test_a_boolean_is_not_a_number(capsys, tmp_path, key):
     fails_with(capsys, ["run", *TINY, "--out", str(tmp_path), "--set", f"{key}=true"], key, "expected a number")
 
 
+def test_a_gpu_out_of_memory_is_one_line(capsys, tmp_path, monkeypatch):
+    """torch's GPU allocator raises its own error type, with the size in its own words."""
+    import torch
+
+    import fedgl.runner
+
+    def full(self, progress=True):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 7.79 GiB total)")
+    monkeypatch.setattr(fedgl.runner.Run, "execute", full)
+    assert main(["run", *TINY, "--out", str(tmp_path)]) == 1
+    assert capsys.readouterr().err.strip() == ("fedgl: run failed: out of memory on the GPU (2.0 GiB at once); "
+                                               "a smaller model, batch or graph needs less")
+
+
 def test_a_party_out_of_memory_on_ray_is_one_line(ray_session, capsys, tmp_path):
     """The allocation fails inside a Ray host; the driver reports it as it does in-process."""
     assert main(["run", *TINY, "--out", str(tmp_path), "--backend", "ray", "--set", "model.hidden=1000000000000"]) == 1

@@ -6,6 +6,8 @@ computing on the CPU, so these tests run on any machine; the last test runs wher
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -27,8 +29,9 @@ def test_the_stand_in_accelerator_refuses_what_an_accelerator_refuses(monkeypatc
 
 
 # every protocol, with what it needs to run on three clients
-PROTOCOLS = {"centralized": {}, "fedavg": {}, "glasu": {}, "nfedgnn": {}, "cnfgnn": {}, "swift": {"K": 1},
-             "fedgnn-g": {}, "fedgnn-pns": {}, "llcg": {"local_steps": 1}, "fedaas": {"interval_loss": "train"}}
+PROTOCOLS = {"centralized": {}, "fedavg": {}, "glasu": {"batches": 2}, "nfedgnn": {}, "cnfgnn": {},
+             "swift": {"K": 1}, "fedgnn-g": {}, "fedgnn-pns": {}, "llcg": {"local_steps": 1},
+             "fedaas": {"interval_loss": "train", "batches": 2}}
 
 
 def _run(tmp_path, name, protocol, **overrides):
@@ -47,12 +50,34 @@ def test_a_run_on_the_accelerator_equals_the_run_on_the_cpu(tmp_path, monkeypatc
     assert accelerated == cpu
 
 
+# Cora's bag-of-words features take the sparse paths (CSR inputs and the transposes their backward
+# builds), which the synthetic graph's dense features do not; with the options that change the draws
+SPARSE = {"glasu": {"name": "glasu", "batches": 4}, "glasu nodewise": {"name": "glasu", "batches": 4,
+          "sampling": "nodewise"}, "glasu exact": {"name": "glasu", "batches": 4, "backward": "exact", "Q": 1},
+          "fedavg": {"name": "fedavg"}, "swift": {"name": "swift", "K": 1}, "nfedgnn": {"name": "nfedgnn"},
+          "fedaas": {"name": "fedaas", "interval_loss": "train", "batches": 4}}
+
+
+@pytest.mark.parametrize("variant", SPARSE)
+def test_sparse_features_on_the_accelerator_equal_the_cpu(data_root, tmp_path, monkeypatch, variant):
+    config = {"dataset": {"name": "cora", "data_root": str(data_root)}, "protocol": SPARSE[variant],
+              "partition": {"num_clients": 3}, "train": {"rounds": 2}, "network": {"compute": "ignore"}}
+
+    def run(name, **overrides):
+        result = fedgl.run(config, out_dir=tmp_path / name, **overrides)
+        return [{k: v for k, v in row.items() if k != "wall_time_s"} for row in result.metrics], result.ledger()
+    cpu = run("cpu")
+    with fake_accelerator(monkeypatch):
+        assert run("acc", device="cuda") == cpu
+
+
 PRIVATE = {"secure_aggregation": True, "dp": {"noise_multiplier": 0.5, "max_norm": 1.0}}
 
 
 @pytest.mark.parametrize("protocol", ["fedavg", "glasu", "nfedgnn", "swift", "fedaas"])
 def test_private_runs_on_the_accelerator_equal_the_cpu(tmp_path, monkeypatch, repeatable_keys, protocol):
-    """Masks, clipping and noise are drawn where the party computes, in the same order."""
+    """Secure aggregation's masks and DP noise from a party's noise stream are drawn on the CPU, other
+    draws where the party computes; the run equals its CPU run."""
     privacy = {k: v for k, v in PRIVATE.items() if k != "secure_aggregation" or protocol != "nfedgnn"}
     cpu = _run(tmp_path, "cpu", protocol, privacy=privacy)
     repeatable_keys()
@@ -63,10 +88,11 @@ def test_private_runs_on_the_accelerator_equal_the_cpu(tmp_path, monkeypatch, re
 
 def test_parties_hold_and_roll_back_on_the_accelerator(tmp_path, monkeypatch):
     """FedAAS's tau_0 grid tries every interval from one held state and rolls back each time."""
-    grid = {"protocol": {"name": "fedaas", "tau0": "grid"}, "partition": {"client_nodes": "train"}}
-    cpu = fedgl.run(grid, out_dir=tmp_path / "cpu", **SMALL)
+    grid = {"protocol": {"name": "fedaas", "tau0": "grid", "batches": 2}, "partition": {"client_nodes": "train"}}
+    one_round = SMALL | {"train__rounds": 1}
+    cpu = fedgl.run(grid, out_dir=tmp_path / "cpu", **one_round)
     with fake_accelerator(monkeypatch):
-        accelerated = fedgl.run(grid, out_dir=tmp_path / "acc", device="cuda", **SMALL)
+        accelerated = fedgl.run(grid, out_dir=tmp_path / "acc", device="cuda", **one_round)
     assert accelerated.summary["tau0"] == cpu.summary["tau0"]
     assert accelerated.ledger() == cpu.ledger()
 
@@ -80,27 +106,38 @@ def test_a_resumed_accelerator_run_equals_an_uninterrupted_one(tmp_path, monkeyp
     assert [{k: v for k, v in row.items() if k != "wall_time_s"} for row in result.metrics] == whole[0]
 
 
+def test_a_checkpoint_resumes_only_on_its_own_device(tmp_path, monkeypatch):
+    fedgl.run({"protocol": {"name": "swift", "K": 1}}, out_dir=tmp_path, **(SMALL | {"train__rounds": 2}),
+              checkpoint_every=1)
+    with fake_accelerator(monkeypatch), pytest.raises(fedgl.errors.ConfigError, match="made with device: cpu"):
+        fedgl.run(tmp_path / "config.yaml", out_dir=tmp_path, resume=True, device="cuda", train__rounds=3)
+
+
 def test_device_cuda_without_cuda_is_one_line(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(fedgl.errors.ConfigError, match="device: cuda: torch sees no CUDA device"):
         fedgl.run(None, device="cuda", **SMALL)
-    with pytest.raises(fedgl.errors.ConfigError, match="device"):
+    with pytest.raises(fedgl.errors.ConfigError, match=r"invalid config: device: String should match pattern"):
         fedgl.run(None, device="gpu", **SMALL)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
-def test_a_ray_host_without_cuda_refuses_in_one_line(ray_session, tmp_path):
-    """Each host resolves the device where its parties live; the refusal reaches the driver as it was."""
-    with pytest.raises(fedgl.errors.ConfigError, match="device: cuda: torch sees no CUDA device"):
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_a_ray_cluster_without_gpus_refuses_in_one_line(ray_session, tmp_path):
+    """Hosts ask Ray for a share of a GPU; with none in the cluster they could never start."""
+    with pytest.raises(fedgl.errors.ConfigError, match="device: cuda: the Ray cluster offers no GPU"):
         fedgl.run(None, out_dir=tmp_path, device="cuda", backend__name="ray", **SMALL)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("protocol", list(PROTOCOLS))
 def test_every_protocol_trains_on_cuda(tmp_path, protocol):
-    """On a real GPU: every protocol runs, learns like its CPU run and sends the same bytes."""
-    cpu, cpu_ledger = _run(tmp_path, "cpu", protocol)
-    cuda, cuda_ledger = _run(tmp_path, "cuda", protocol, device="cuda")
-    assert [row["bytes_total"] for row in cuda] == [row["bytes_total"] for row in cpu]
-    assert cuda[-1]["train_loss"] < cuda[0]["train_loss"] * 1.05
-    assert abs(cuda[-1]["test_accuracy"] - cpu[-1]["test_accuracy"]) < 0.1
+    """On a real GPU: every protocol runs and learns as on the CPU. GPU random streams differ from the
+    CPU's, so only messages whose size no draw decides are compared byte for byte."""
+    cpu, _ = _run(tmp_path, "cpu", protocol)
+    cuda, _ = _run(tmp_path, "cuda", protocol, device="cuda")
+    assert all(math.isfinite(row["train_loss"]) for row in cuda)
+    assert cuda[-1]["train_loss"] < cuda[0]["train_loss"]
+    if protocol in ("centralized", "fedavg", "nfedgnn", "cnfgnn"):
+        assert [row["bytes_total"] for row in cuda] == [row["bytes_total"] for row in cpu]
+    if cpu[-1]["test_accuracy"] > 0.6:  # those that clear chance (1/3) well within three rounds
+        assert cuda[-1]["test_accuracy"] > 0.5

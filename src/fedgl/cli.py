@@ -240,14 +240,23 @@ def main(argv: list[str] | None = None) -> int:
     except (MemoryError, RuntimeError) as err:
         if not out_of_memory(err):
             raise
-        wanted = re.search(r"tried to allocate (\d+) bytes", str(err))
-        size = f" ({int(wanted.group(1)) / 2**30:,.1f} GiB at once)" if wanted else ""
-        print(f"fedgl: {args.command} failed: out of memory{size}; a smaller model, batch or graph needs less",
-              file=sys.stderr)
+        where = " on the GPU" if type(err).__name__ == "OutOfMemoryError" else ""
+        print(f"fedgl: {args.command} failed: out of memory{where}{_wanted(str(err))}; a smaller model, batch or "
+              f"graph needs less", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("fedgl: interrupted", file=sys.stderr)
         return 130
+
+
+def _wanted(message: str) -> str:
+    """The size of the allocation that failed, as torch's CPU ("tried to allocate 123 bytes") and GPU
+    ("Tried to allocate 2.00 GiB") allocators name it."""
+    found = re.search(r"tried to allocate ([\d.]+) ?(bytes|B|KiB|MiB|GiB|TiB)", message, re.IGNORECASE)
+    if not found:
+        return ""
+    unit = {"bytes": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}[found.group(2).lower()]
+    return f" ({float(found.group(1)) * unit / 2**30:,.1f} GiB at once)"
 
 
 def command() -> None:

@@ -3,9 +3,9 @@
 A party's data, model and working tensors live on its device; everything it sends crosses as CPU
 tensors (the wire), and what it receives is moved onto its device when it arrives (``Party.dispatch``),
 so the ledger and both backends see the same payloads whatever the device. While a party works, its
-device is torch's default device, so tensors it makes without naming a device land beside its data,
-and its accelerator's random state is its own, like its CPU random state. Only non-CPU devices pay
-for any of this: on the CPU every helper here is a no-op.
+device is torch's default device, so tensors it makes without naming a device land beside its data
+(not in autograd's backward, where code names the device of its inputs), and its accelerator's random
+state is its own, like its CPU random state. A party on the CPU takes none of these steps.
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ def move(obj: Any, device: torch.device) -> Any:
 
 
 def to_wire(obj: Any) -> Any:
-    """``obj`` as it crosses a party boundary: every tensor on the CPU."""
+    """``obj`` as it crosses a party boundary or goes into a checkpoint: every tensor on the CPU (the
+    object itself when all already are)."""
     return obj if not _has_device_tensor(obj) else move(obj, CPU)
 
 
@@ -69,6 +70,8 @@ def _has_device_tensor(obj: Any) -> bool:
         return any(_has_device_tensor(v) for v in obj.values())
     if isinstance(obj, (list, tuple)):
         return any(_has_device_tensor(v) for v in obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return any(_has_device_tensor(getattr(obj, f.name)) for f in dataclasses.fields(obj))
     return False
 
 

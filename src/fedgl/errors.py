@@ -35,5 +35,7 @@ class RunFailed(Exception):
 
 
 def out_of_memory(err: BaseException | None) -> bool:
-    """Whether ``err`` is a failed allocation (torch's CPU allocator raises a RuntimeError)."""
-    return isinstance(err, MemoryError) or (isinstance(err, RuntimeError) and "can't allocate memory" in str(err))
+    """Whether ``err`` is a failed allocation: Python's, torch's CPU allocator's (a RuntimeError) or a
+    GPU's (``torch.OutOfMemoryError``, named here so this module imports no torch)."""
+    return (isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError"
+            or (isinstance(err, RuntimeError) and "can't allocate memory" in str(err)))

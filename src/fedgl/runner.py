@@ -35,6 +35,8 @@ from .tracking import Tracking
 
 CHECKPOINT = "checkpoint.pt"
 # Keys a resumed run may change: how long it runs, where, and what it records, not what it computes.
+# ``device`` is left out of a run's identity too (a shard folder runs on any device), but a checkpoint
+# resumes only on the device it was made on (``Run.resume``).
 RESUMABLE_CHANGES = ("train.rounds", "checkpoint_every", "threads", "device", "backend.name", "backend.address",
                      "backend.actors", "backend.shards", "backend.parties", "logging", "privacy.record_messages",
                      "protocol.memory_budget_mb")
@@ -199,6 +201,8 @@ class Run:
             "ledger": self.transport.ledger.state_dict(),
             "clock": self.transport.clock.now,
             "rng": torch.get_rng_state(),
+            # a server computing on a GPU (the centralized reference, nFedGNN's layers) draws there
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None,
             "metrics": self.metrics,
             "wall": wall,
         }
@@ -230,6 +234,10 @@ class Run:
                                if not resumable_change(k) and now.get(k) != state["config"].get(k))
             raise ConfigError(f"cannot resume: the checkpoint in {self.out_dir} was made with a different config "
                               f"({', '.join(differing)})")
+        made_on = state["config"].get("device", "cpu")
+        if made_on != self.cfg.device:  # a shard folder runs anywhere, but random states belong to a device
+            raise ConfigError(f"cannot resume: the checkpoint in {self.out_dir} was made with device: {made_on}; "
+                              f"resume it there (random states and their draws differ between devices)")
         if state["round"] > self.cfg.train.rounds:
             raise ConfigError(f"cannot resume: the checkpoint in {self.out_dir} is at round {state['round']}, past "
                               f"train.rounds = {self.cfg.train.rounds}")
@@ -238,6 +246,8 @@ class Run:
         self.transport.ledger.load_state_dict(state["ledger"])
         self.transport.clock.now = state["clock"]
         torch.set_rng_state(state["rng"])
+        if state.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
         self.metrics = state["metrics"]
         self.start_round = state["round"] + 1
         self.wall_offset = state["wall"]

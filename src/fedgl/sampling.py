@@ -166,7 +166,7 @@ def full_neighborhood(csr: CSR, seeds: Tensor, num_layers: int) -> SampledSubgra
     """Every in-neighbour on every layer: the exact ``num_layers``-hop computation graph."""
     if not isinstance(num_layers, int) or num_layers < 1:
         raise ConfigError(f"num_layers must be an int >= 1, got {num_layers!r}")
-    return sample_neighbors(csr, seeds, [-1] * num_layers, torch.Generator())
+    return sample_neighbors(csr, seeds, [-1] * num_layers, devices.generator(seeds.device))  # draws nothing
 
 
 def sample_weighted(

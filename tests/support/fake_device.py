@@ -8,6 +8,10 @@ order, so a run on this device must equal the same run on the CPU to the bit. Sp
 wrapped; they stay CPU tensors marked as being on the device.
 
 ``with fake_accelerator(monkeypatch):`` installs it and makes ``device: cuda`` mean it.
+
+What it does not check: that a CPU 0-dimensional scalar is used only where CUDA takes one (elementwise
+ops; CUDA refuses e.g. ``torch.stack`` of a CUDA and a CPU scalar), and the accelerator's own random
+state (draws "there" come from the CPU's, which is why runs equal their CPU runs to the bit).
 """
 
 from __future__ import annotations
@@ -86,7 +90,10 @@ def _run(func, args, kwargs):
         return _wrap(out) if target == DEVICE else _plain(out)
     here = [t for t in tensors if on_device(t)]
     there = [t for t in tensors if not on_device(t) and t.dim() > 0]
-    if here and there and not (func in _CPU_INDICES and on_device(args[0])) and func not in _CROSS_DEVICE:
+    if func in _CPU_INDICES and on_device(args[0]):  # only the indices may stay on the CPU, not the values
+        indices = {id(t) for t in args[1] if isinstance(t, torch.Tensor)}
+        there = [t for t in there if id(t) not in indices]
+    if here and there and func not in _CROSS_DEVICE:
         raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
                            f"{DEVICE} and cpu! ({func})")
     made_here = bool(here) or target == DEVICE

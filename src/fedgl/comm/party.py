@@ -83,23 +83,32 @@ class Party:
         """Run an ``@rpc`` method under this party's RNG state; return its result and its (elapsed,
         CPU) seconds."""
         spec_of(type(self), method)
-        device = self.device
-        outer, outer_device = torch.get_rng_state(), rng_state(device)
+        outer = torch.get_rng_state()
         torch.set_rng_state(self._rng_state)
-        set_rng_state(device, self._device_rng_state)
         start, start_cpu = time.perf_counter(), time.process_time()
         try:
-            if is_cpu(device):
+            if is_cpu(self.device):
                 result = getattr(self, method)(**kwargs)
-            else:  # what arrives moves onto the party's device; what leaves crosses as CPU tensors
-                with working_on(device):
-                    result = to_wire(getattr(self, method)(**move(kwargs, device)))
+            else:
+                result = self._on_device(method, kwargs)
         finally:
             seconds = (time.perf_counter() - start, time.process_time() - start_cpu)
-            self._rng_state, self._device_rng_state = torch.get_rng_state(), rng_state(device)
+            self._rng_state = torch.get_rng_state()
             torch.set_rng_state(outer)
-            set_rng_state(device, outer_device)
         return result, seconds
+
+    def _on_device(self, method: str, kwargs: dict[str, Any]) -> Any:
+        """The call with the party's accelerator random state swapped in: what arrives moves onto the
+        party's device, what leaves crosses as CPU tensors."""
+        device = self.device
+        outer = rng_state(device)
+        set_rng_state(device, self._device_rng_state)
+        try:
+            with working_on(device):
+                return to_wire(getattr(self, method)(**move(kwargs, device)))
+        finally:
+            self._device_rng_state = rng_state(device)
+            set_rng_state(device, outer)
 
 
 class PartyGroup:

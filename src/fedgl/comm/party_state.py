@@ -91,7 +91,8 @@ def restore(current: Any, saved: Any) -> Any:
     """The value ``saved`` (made by ``plain``) describes, loaded into ``current`` where that exists:
     objects with a ``load_state_dict`` load their state, generators their state, other objects their
     attributes. Parameters are copied in place (optimisers refer to them); other tensors and containers
-    are replaced, on the device of the tensor they replace. An object missing from ``current`` is
+    are replaced, a tensor on the device of the live tensor it replaces (on the CPU, where the file is
+    read, when there is none). An object missing from ``current`` is
     rebuilt only if its class is fedgl's own; a module or optimiser missing from it stays missing (a
     party that makes one during training, such as a fresh optimiser every round, makes it again before
     use)."""

@@ -163,7 +163,9 @@ class RayTransport(Transport):
     def __init__(self, network: NetworkModel | None = None, device: str = "cpu", *, address: str | None = None,
                  actors: int | None = None, connect_timeout_s: float = 30.0, nodes: dict[str, str] | None = None):
         super().__init__(network, device)
-        self._device = device  # resolved by each host, where its parties compute
+        # Ray shows an actor only the GPUs it asked for, numbered from 0 there: a host asks for a share
+        # of one and its parties use the one Ray gives it
+        self._device = "cuda" if device.startswith("cuda") else device
         try:
             import ray
         except ImportError as exc:
@@ -182,6 +184,10 @@ class RayTransport(Transport):
             self._owns_ray = True
         else:
             self._owns_ray = False
+        if self._device == "cuda" and not ray.cluster_resources().get("GPU"):  # no host could ever start
+            if self._owns_ray:
+                ray.shutdown()
+            raise ConfigError(f"device: {device}: the Ray cluster offers no GPU; use device: cpu")
         self._max_actors = actors or os.cpu_count() or 1
         self._nodes = nodes or {}  # party name -> the custom resource of the node it is pinned to
         self._hosts: list[Any] = []
@@ -200,6 +206,8 @@ class RayTransport(Transport):
 
     def _pinned(self, cls: Any, node: str | None) -> Any:
         options = {"num_cpus": 0} | ({"resources": {node: 0.001}} if node else {})
+        if self._device == "cuda" and cls is PartyHost:  # the hosts of a node share its GPUs
+            options["num_gpus"] = 1 / self._max_actors
         return self._ray.remote(cls).options(**options)  # num_cpus=0: threads are set per actor
 
     def _place(self, name: str) -> int:

@@ -27,7 +27,7 @@ class Transport:
     backend = "abstract"
 
     def __init__(self, network: NetworkModel | None = None, device: str = "cpu"):
-        self.server_on_device = device != "cpu"
+        self.accelerated = device != "cpu"  # the parties (and a server that trains) compute off the CPU
         self.ledger = Ledger()
         self.clock = SimClock(network or NetworkModel())
         self._classes: dict[str, type[Party]] = {}
@@ -167,7 +167,7 @@ class Transport:
         """One batch: server compute since the last batch or call is charged, every message measured
         both ways, each target's (download + compute + upload) seconds put in ``times``."""
         self._charge_server()
-        if self.server_on_device:  # what a server computing on an accelerator sends crosses as CPU tensors
+        if self.accelerated:  # what a server computing on an accelerator sends crosses as CPU tensors
             calls = [(target, to_wire(kwargs)) for target, kwargs in calls]
         network = self.clock.network
         downs: list[Measured] = []

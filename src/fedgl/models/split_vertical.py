@@ -28,6 +28,7 @@ from torch.nn import functional as F
 
 from torch_geometric.utils import softmax
 
+from .. import device as devices
 from ..errors import ConfigError
 from .graph import SparseOperator, TransposePlan, csr_tensor, dropout
 from ..sampling import CSR, sample_neighbors
@@ -131,10 +132,11 @@ class Rows:
     def _restricted_plan(self) -> TransposePlan:
         """The parent's transpose with only the selected nodes' entries, columns renumbered to their
         positions in the selection; falls back to sorting when the selection repeats a node."""
-        parent, nodes = self.parent, self.nodes
-        where = torch.full((parent.crow.numel() - 1,), -1, dtype=torch.long)
-        where[nodes] = torch.arange(nodes.numel())
-        if not torch.equal(where[nodes], torch.arange(nodes.numel())):
+        parent, nodes = self.parent, self.nodes  # made in backward, where no default device applies
+        where = torch.full((parent.crow.numel() - 1,), -1, dtype=torch.long, device=nodes.device)
+        rank = torch.arange(nodes.numel(), device=nodes.device)
+        where[nodes] = rank
+        if not torch.equal(where[nodes], rank):
             return TransposePlan.of(self.matrix())
         up = parent.transpose_plan()
         position = where[up.col]
@@ -184,7 +186,7 @@ def sample_below(graph: ClientGraph, targets: Tensor, fanout: int, method: str) 
     if not graph.use_graph:
         return targets
     if method == "nodewise":
-        generator = torch.Generator().manual_seed(int(torch.randint(2**62, (1,))))
+        generator = devices.generator(targets.device).manual_seed(int(torch.randint(2**62, (1,))))
         csr = CSR(graph.rowptr, graph.col, graph.num_nodes)
         return sample_neighbors(csr, targets, [fanout], generator).n_id
     seg, entry = graph.neighbours(targets)

@@ -42,8 +42,8 @@ class Protocol:
     @cached_property
     def device(self) -> torch.device:
         """Where the server's own heavy compute runs (``cfg.device``), for protocols whose server trains a
-        model; routing and averaging stay on the CPU. Resolved on first use, so writing shards
-        (``fedgl partition``) needs no GPU."""
+        model; routing and averaging stay on the CPU. Resolved on first use, so a driver whose server
+        does not train needs no GPU (``fedgl partition`` sets up on the CPU whatever the config says)."""
         return devices.resolve(self.cfg.device)
 
     def place(self) -> None:

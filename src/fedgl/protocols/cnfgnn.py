@@ -15,7 +15,6 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from .. import device as devices
 from ..comm import Rows, rpc
 from ..models.split_node import BatchedOptimizer, pick
 from ..privacy.dp import clip, gaussian
@@ -108,9 +107,8 @@ class CNFGNN(NFedGNN):
         if self.accountant is not None:  # every user releases a noised latent and a noised weight update
             self.accountant.step(1.0)
             self.accountant.step(1.0)
-        latents = self.transport.call(self.users, "embed").to(self.device)
-        with devices.working_on(self.device):
-            stats, grad = self.server_step(latents, None)
+        latents = self.transport.call(self.users, "embed")
+        stats, grad = self.server_step(latents, None)
         self.transport.call(self.users, "update", grad=grad)
         chunks = self.model_chunks()
         with self.transport.parallel():

@@ -193,15 +193,18 @@ class NFedGNN(Protocol):
         users = self.sample_users()
         if self.accountant is not None:  # each participant releases one noised latent
             self.accountant.step(1.0 if users is None else users.numel() / self.num_users)
-        latents = self.transport.call(self.users, "embed", users=users).to(self.device)
-        with devices.working_on(self.device):
-            stats, grad = self.server_step(latents, users)
+        latents = self.transport.call(self.users, "embed", users=users)
+        stats, grad = self.server_step(latents, users)
         self.transport.call(self.users, "update", grad=grad, users=users)
         return stats | ({"epsilon": self.accountant.epsilon()} if self.accountant is not None else {})
 
     def server_step(self, latents: Tensor, users: Tensor | None) -> tuple[dict[str, float], Tensor]:
-        """Store the received latents, take one optimiser step on the server model and return the
-        gradient of the loss with respect to each participant's latent."""
+        """Store the received latents, take one optimiser step on the server model (on its device) and
+        return the gradient of the loss with respect to each participant's latent."""
+        with devices.working_on(self.device):
+            return self._server_step(latents.to(self.device), users)
+
+    def _server_step(self, latents: Tensor, users: Tensor | None) -> tuple[dict[str, float], Tensor]:
         if users is None:
             self.latents = latents
         else:
