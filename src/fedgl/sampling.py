@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from fedgl import device as devices
 from fedgl.errors import ConfigError, DataError
 
 __all__ = [
