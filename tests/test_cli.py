@@ -8,6 +8,7 @@ import sys
 import time
 
 import pytest
+import yaml
 
 from fedgl.cli import main
 
@@ -414,6 +415,21 @@ def test_settings_a_run_never_reads_are_noted(capsys, tmp_path):
                  "--set", "partition.alpha=0.1", "--set", "partition.edge_keep=0.5"]) == 0
     assert capsys.readouterr().err.strip() == ("fedgl: note: partition.edge_keep (0.5) is not read: it shapes "
                                                "vertical partitions, and fedavg splits nodes")
+
+
+def test_another_protocol_from_the_same_yaml_starts_from_its_defaults(capsys, tmp_path):
+    """The config's protocol options belong to its protocol: ``--protocol`` naming another one leaves
+    them out (noted) instead of refusing them; ``--set protocol.KEY`` still applies."""
+    config = tmp_path / "fedavg.yaml"
+    config.write_text("protocol:\n  name: fedavg\n  local_epochs: 2\n  client_fraction: 1.0\n")
+    assert main(["run", str(config), *TINY, "--out", str(tmp_path / "a"), "--protocol", "centralized",
+                 "--set", "protocol.local_epochs=2"]) == 0
+    err = capsys.readouterr().err
+    assert "note: fedavg's protocol options in" in err and "(local_epochs, client_fraction) are left out" in err
+    assert yaml.safe_load((tmp_path / "a" / "config.yaml").read_text())["protocol"] == {
+        "name": "centralized", "local_epochs": 2, "batch_size": None}
+    assert main(["run", str(config), *TINY, "--out", str(tmp_path / "b"), "--protocol", "fedavg"]) == 0
+    assert "left out" not in capsys.readouterr().err
 
 
 def test_a_run_refused_while_it_sets_up_leaves_no_folder(capsys, tmp_path):

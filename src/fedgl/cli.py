@@ -37,14 +37,33 @@ _FLAGS = {  # run flags that are shorthands for config keys
 }
 
 
+def _switched_protocol(config: str | None, protocol: str | None, overrides: list[str]) -> list[str]:
+    """``--protocol`` naming another protocol than the config's: the config's protocol options belong
+    to that one, so the run starts from the new protocol's defaults (``--set protocol.KEY`` still
+    applies), and a note names what was left out."""
+    from .config import DEFAULT_PROTOCOL, read_yaml
+
+    section = (read_yaml(config).get("protocol") or {}) if config and protocol else {}
+    if not isinstance(section, dict):
+        return []
+    named = str(section.get("name", DEFAULT_PROTOCOL)).lower()
+    if not protocol or named == protocol.lower():
+        return []
+    overrides[overrides.index(f"protocol.name={protocol}")] = f"protocol={{name: {protocol}}}"
+    left = [key for key in section if key != "name"]
+    return [f"{named}'s protocol options in {config} ({', '.join(left)}) are left out: --protocol {protocol} "
+            f"runs with its own defaults"] if left else []
+
+
 def _run(args: argparse.Namespace) -> int:
     from .config import load_config
     from .progress import human_bytes
     from .runner import prepare, unread_settings
 
     overrides = [f"{key}={value}" for flag, key in _FLAGS.items() if (value := getattr(args, flag)) is not None]
+    notes = _switched_protocol(args.config, args.protocol, overrides)
     cfg = load_config(args.config, overrides + list(args.set or []))
-    for note in unread_settings(cfg):
+    for note in notes + unread_settings(cfg):
         print(f"fedgl: note: {note}", file=sys.stderr)
     job = prepare(cfg, args.out, resume=args.resume, overwrite=args.overwrite)
     if args.resume:
