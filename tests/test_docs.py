@@ -76,3 +76,14 @@ def test_a_number_in_prose_equals_its_marked_source(tmp_path: Path) -> None:
     assert docs.stale(tmp_path) == ["README.md: line 1: 1: t has no variant 'c'",
                                     "README.md: line 1: 2: benchmarks/results/u/table.json is not committed",
                                     "README.md: line 1: 3: cannot read 'import os'"]
+
+
+def test_a_number_may_come_from_the_performance_suite(tmp_path: Path) -> None:
+    perf = tmp_path / "benchmarks" / "results" / "perf.json"
+    perf.parent.mkdir(parents=True)
+    perf.write_text(json.dumps({"measures": [{"name": "round", "value": 43.45, "target": "<= 10"}]}))
+    doc = tmp_path / "README.md"
+    doc.write_text("a round takes 43.4<!-- = [perf|round|value] --> ms against 10<!-- = [perf|round|target] -->\n")
+    assert docs.stale(tmp_path) == []
+    doc.write_text("a round takes 40<!-- = [perf|round|value] --> ms\n")
+    assert docs.stale(tmp_path) == ["README.md: line 1: 40 is not [perf|round|value] = 43.45"]

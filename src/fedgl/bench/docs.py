@@ -21,7 +21,8 @@ A number in prose carries its source in a comment right after it, invisible once
 
 ``[FOLDER|VARIANT|COLUMN]`` is the mean of that cell of ``benchmarks/results/FOLDER/table.json``, in
 the table's units (percentages, MB; a script's table of shown cells, its first number);
-``COLUMN (paper)`` is the paper's number beside it and ``COLUMN std`` the standard deviation. Around references go numbers, ``+ - * /``, ``abs``, ``min``
+``COLUMN (paper)`` is the paper's number beside it and ``COLUMN std`` the standard deviation.
+``[perf|MEASURE|value]`` (or ``target``) reads the performance suite's ``perf.json``. Around references go numbers, ``+ - * /``, ``abs``, ``min``
 and ``max``. The prose number must equal the expression rounded to the digits the prose shows.
 
 ``tests/test_docs.py`` fails when a block and its file differ, a file is missing or a marked number
@@ -99,8 +100,19 @@ _FUNCTIONS = {"abs": abs, "min": min, "max": max}
 def _table(root: Path, folder: str) -> dict[str, dict[str, dict[str, float | None]]]:
     """A committed table's cells by variant and column, each as mean, std and paper number in the
     units the table shows."""
+    if folder == "perf":  # the performance suite's measures, by name: value and target
+        path = root / "benchmarks" / "results" / "perf.json"
+        return _read_perf(path, path.stat().st_mtime_ns)
     path = root / "benchmarks" / "results" / folder / "table.json"
     return _read_table(path, path.stat().st_mtime_ns)
+
+
+@cache
+def _read_perf(path: Path, version: int) -> dict[str, dict[str, dict[str, float | None]]]:
+    measures = json.loads(path.read_text())["measures"]
+    return {m["name"]: {"value": {"mean": m["value"], "std": None, "paper": None},
+                        "target": _shown(m["target"])}  # a target reads "<= 4"
+            for m in measures}
 
 
 @cache
@@ -133,7 +145,8 @@ def ref_value(root: Path, folder: str, variant: str, column: str) -> float:
     try:
         rows = _table(root, folder)
     except FileNotFoundError:
-        raise ValueError(f"benchmarks/results/{folder}/table.json is not committed") from None
+        name = "perf.json" if folder == "perf" else f"{folder}/table.json"
+        raise ValueError(f"benchmarks/results/{name} is not committed") from None
     part = next((p for p in ("(paper)", "std") if column.endswith(f" {p}")), "")
     name = column.removesuffix(f" {part}") if part else column
     if variant not in rows:
