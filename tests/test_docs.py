@@ -72,10 +72,14 @@ def test_a_number_in_prose_equals_its_marked_source(tmp_path: Path) -> None:
         "README.md: line 2: 3.7 is not [t|a|test_accuracy] - [t|b|test_accuracy] = 2.49",
         "README.md: line 2: 81.23 is not [t|a|test_accuracy] = 80",
         "README.md: line 2: -3.72 is not [t|b|test_accuracy] - [t|a|test_accuracy] = -2.49"]
-    doc.write_text("x 1<!-- = [t|c|test_accuracy] --> y 2<!-- = [u|a|test_accuracy] --> z 3<!-- = import os -->\n")
-    assert docs.stale(tmp_path) == ["README.md: line 1: 1: t has no variant 'c'",
+    doc.write_text("x 1<!-- = [t|c|test_accuracy] --> y 2<!-- = [u|a|test_accuracy] --> "
+                   "z 3<!-- = __import__('os').getcwd() --> w 4<!-- = _5 --> a%<!-- = 1 -->\n")
+    assert docs.stale(tmp_path) == ["README.md: line 1: a marker right after no number (<!-- = 1 -->)",
+                                    "README.md: line 1: 1: t has no variant 'c'",
                                     "README.md: line 1: 2: benchmarks/results/u/table.json is not committed",
-                                    "README.md: line 1: 3: cannot read 'import os'"]
+                                    "README.md: line 1: 3: cannot read \"__import__('os').getcwd()\" in "
+                                    "\"__import__('os').getcwd()\"",
+                                    "README.md: line 1: 4: list index out of range"]
 
 
 def test_a_number_may_come_from_the_performance_suite(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from . import __version__
-from .errors import ConfigError, FedglError, RunFailed, out_of_memory
+from .errors import ConfigError, FedglError, RunFailed, gpu_out_of_memory, out_of_memory
 
 
 @functools.cache
@@ -38,21 +38,24 @@ _FLAGS = {  # run flags that are shorthands for config keys
 
 
 def _switched_protocol(config: str | None, protocol: str | None, overrides: list[str]) -> list[str]:
-    """``--protocol`` naming another protocol than the config's: the config's protocol options belong
-    to that one, so the run starts from the new protocol's defaults (``--set protocol.KEY`` still
-    applies), and a note names what was left out."""
-    from .config import DEFAULT_PROTOCOL, read_yaml
+    """``--protocol`` naming another protocol than the one the config names: the config's options that
+    the new protocol also has are kept, the others (they belong to the config's protocol) are left out
+    with a note, instead of being refused; ``--set protocol.KEY`` still applies."""
+    from .config import read_yaml
+    from .protocols import protocol_class
 
     section = (read_yaml(config).get("protocol") or {}) if config and protocol else {}
-    if not isinstance(section, dict):
+    if not isinstance(section, dict) or section.get("name") is None or str(section["name"]).lower() == protocol.lower():
         return []
-    named = str(section.get("name", DEFAULT_PROTOCOL)).lower()
-    if not protocol or named == protocol.lower():
-        return []
-    overrides[overrides.index(f"protocol.name={protocol}")] = f"protocol={{name: {protocol}}}"
-    left = [key for key in section if key != "name"]
-    return [f"{named}'s protocol options in {config} ({', '.join(left)}) are left out: --protocol {protocol} "
-            f"runs with its own defaults"] if left else []
+    try:
+        accepted = protocol_class(protocol).Options.model_fields
+    except ConfigError:
+        return []  # an unknown name: the config's validation names it
+    kept = {key: value for key, value in section.items() if key != "name" and key in accepted}
+    overrides[overrides.index(f"protocol.name={protocol}")] = "protocol=" + json.dumps({"name": protocol, **kept})
+    left = [key for key in section if key != "name" and key not in accepted]
+    return [f"{section['name']}'s protocol options in {config} that {protocol} does not have are left out: "
+            f"{', '.join(left)}"] if left else []
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -259,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     except (MemoryError, RuntimeError) as err:
         if not out_of_memory(err):
             raise
-        where = " on the GPU" if type(err).__name__ == "OutOfMemoryError" else ""
+        where = " on the GPU" if gpu_out_of_memory(err) else ""
         print(f"fedgl: {args.command} failed: out of memory{where}{_wanted(str(err))}; a smaller model, batch or "
               f"graph needs less", file=sys.stderr)
         return 1
@@ -274,8 +277,10 @@ def _wanted(message: str) -> str:
     found = re.search(r"tried to allocate ([\d.]+) ?(bytes|B|KiB|MiB|GiB|TiB)", message, re.IGNORECASE)
     if not found:
         return ""
+    from .progress import human_bytes
+
     unit = {"bytes": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}[found.group(2).lower()]
-    return f" ({float(found.group(1)) * unit / 2**30:,.1f} GiB at once)"
+    return f" ({human_bytes(float(found.group(1)) * unit)} at once)"
 
 
 def command() -> None:

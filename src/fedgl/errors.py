@@ -34,8 +34,14 @@ class RunFailed(Exception):
     """A run stopped by a failure during it (not by bad input): one line, exit code 1."""
 
 
+def gpu_out_of_memory(err: BaseException | None) -> bool:
+    """Whether ``err`` is (or, raised in a Ray host, wraps) ``torch.OutOfMemoryError``, found by name so
+    this module imports no torch."""
+    return any(c.__name__ == "OutOfMemoryError" and c.__module__.startswith("torch") for c in type(err).__mro__)
+
+
 def out_of_memory(err: BaseException | None) -> bool:
     """Whether ``err`` is a failed allocation: Python's, torch's CPU allocator's (a RuntimeError) or a
-    GPU's (``torch.OutOfMemoryError``, named here so this module imports no torch)."""
-    return (isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError"
+    GPU's."""
+    return (isinstance(err, MemoryError) or gpu_out_of_memory(err)
             or (isinstance(err, RuntimeError) and "can't allocate memory" in str(err)))

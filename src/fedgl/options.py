@@ -25,12 +25,22 @@ def _numeric(annotation: Any) -> bool:
     return False
 
 
+def _numbers_inside(annotation: Any) -> bool:
+    """Whether a field holds a list or tuple of numbers (possibly among other choices)."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return any(_numbers_inside(m) for m in typing.get_args(annotation))
+    return typing.get_origin(annotation) in (list, tuple) and any(_numeric(a) for a in typing.get_args(annotation))
+
+
 class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod
     def _no_boolean_numbers(cls, value: Any, info: ValidationInfo) -> Any:
-        if isinstance(value, bool) and info.field_name and _numeric(cls.model_fields[info.field_name].annotation):
+        annotation = cls.model_fields[info.field_name].annotation if info.field_name else None
+        if isinstance(value, bool) and _numeric(annotation):
             raise ValueError(f"expected a number, not {str(value).lower()}")
+        if isinstance(value, (list, tuple)) and any(isinstance(v, bool) for v in value) and _numbers_inside(annotation):
+            raise ValueError("expected numbers, not booleans")
         return value

@@ -463,6 +463,8 @@ def check_out_dir(out: Path, *, resume: bool, overwrite: bool, names: dict[str, 
     """Refuse a results folder that would silently lose a finished run, or that cannot be one."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{names['out']} {out} is a file, not a folder")
+    if resume and not out.exists():  # not made: there is nothing to continue
+        raise ConfigError(f"cannot resume: {out} holds no checkpoint (it does not exist)")
     if (out / FINISHED).exists() and not (resume or overwrite):
         raise ConfigError(f"{names['out']} {out} holds a finished run; pass {names['overwrite']} to replace it or "
                           f"choose another folder")
@@ -475,11 +477,17 @@ def check_out_dir(out: Path, *, resume: bool, overwrite: bool, names: dict[str, 
         raise ConfigError(f"{names['out']} {out} cannot be written: {err.strerror or err}") from None
 
 
+def remove_if_empty(folder: Path) -> None:
+    """Remove ``folder`` if it holds no file (only, perhaps, empty folders such as ``messages/``)."""
+    if folder.is_dir() and not any(p.is_file() for p in folder.rglob("*")):
+        shutil.rmtree(folder)
+
+
 def prepare(cfg: RunConfig, out_dir: str | Path | None, *, resume: bool = False, overwrite: bool = False,
             names: dict[str, str] = CLI_NAMES) -> Run:
     """The run a user asked for (the ``fedgl run`` command and ``fedgl.run``): a folder holding a
     finished run is replaced only when asked, and a resume needs a folder with a checkpoint."""
-    made = not out_dir or not Path(out_dir).exists()  # a run refused while it sets up leaves no empty folder
+    made = not out_dir or not Path(out_dir).exists()
     if out_dir:
         check_out_dir(Path(out_dir), resume=resume, overwrite=overwrite, names=names)
     elif resume:
@@ -490,8 +498,8 @@ def prepare(cfg: RunConfig, out_dir: str | Path | None, *, resume: bool = False,
     try:
         job = Run(cfg, folder)
     except BaseException:
-        if made and folder.is_dir() and not any(folder.iterdir()):
-            folder.rmdir()
+        if made:  # a run refused while it sets up leaves no folder of its own behind, only files it wrote
+            remove_if_empty(folder)
         raise
     if resume:
         try:

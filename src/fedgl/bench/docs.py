@@ -91,6 +91,7 @@ def expected(root: Path, path: str, selection: str) -> list[str]:
 
 # a minus right after a word, a number or a marker is a range's dash (88.07-88.43), not a sign
 VALUE = re.compile(r"(?P<number>(?:(?<![\w>)])-)?\d[\d,]*(?:\.\d+)?)<!-- = (?P<expr>.+?) -->")
+MARKER = re.compile(r"<!-- = (?P<expr>.+?) -->")
 REF = re.compile(r"\[(?P<folder>[^|\][]+)\|(?P<variant>[^|]+?)\|(?P<column>[^|\]]+)\]")  # a variant may hold [ ]
 _OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
               ast.USub: operator.neg}
@@ -102,13 +103,19 @@ def _table(root: Path, folder: str) -> dict[str, dict[str, dict[str, float | Non
     units the table shows."""
     if folder == "perf":  # the performance suite's measures, by name: value and target
         path = root / "benchmarks" / "results" / "perf.json"
-        return _read_perf(path, path.stat().st_mtime_ns)
+        return _read_perf(path, _version(path))
     path = root / "benchmarks" / "results" / folder / "table.json"
-    return _read_table(path, path.stat().st_mtime_ns)
+    return _read_table(path, _version(path))
+
+
+def _version(path: Path) -> tuple[int, int]:
+    """What tells a rewritten file from the one read before (a cache key)."""
+    stat = path.stat()
+    return stat.st_mtime_ns, stat.st_size
 
 
 @cache
-def _read_perf(path: Path, version: int) -> dict[str, dict[str, dict[str, float | None]]]:
+def _read_perf(path: Path, version: tuple[int, int]) -> dict[str, dict[str, dict[str, float | None]]]:
     measures = json.loads(path.read_text())["measures"]
     return {m["name"]: {"value": {"mean": m["value"], "std": None, "paper": None},
                         "target": _shown(m["target"])}  # a target reads "<= 4"
@@ -116,7 +123,7 @@ def _read_perf(path: Path, version: int) -> dict[str, dict[str, dict[str, float 
 
 
 @cache
-def _read_table(path: Path, version: int) -> dict[str, dict[str, dict[str, float | None]]]:
+def _read_table(path: Path, version: tuple[int, int]) -> dict[str, dict[str, dict[str, float | None]]]:
     from . import all_tasks
     from .core import display_scale
 
@@ -195,14 +202,20 @@ def matches(number: str, value: float) -> bool:
 
 
 def stale_values(text: str, root: Path = ROOT) -> list[str]:
-    """One line per marked prose number that differs from its expression or cannot be evaluated."""
+    """One line per marked prose number that differs from its expression or cannot be evaluated, and
+    per marker that follows no number (it would check nothing)."""
     problems = []
+    bound = {m.start("expr") for m in VALUE.finditer(text)}
+    for m in MARKER.finditer(text):
+        if m.start("expr") not in bound:
+            problems.append(f"line {text.count(chr(10), 0, m.start()) + 1}: a marker right after no number "
+                            f"({m[0]})")
     for m in VALUE.finditer(text):
         line = text.count("\n", 0, m.start()) + 1
         try:
             value = evaluate(root, m["expr"])
-        except (ValueError, ZeroDivisionError, KeyError, TypeError) as err:
-            problems.append(f"line {line}: {m['number']}: {err}")
+        except Exception as err:  # any marker or file fault is a problem line, never a crash
+            problems.append(f"line {line}: {m['number']}: {err or type(err).__name__}")
             continue
         if not matches(m["number"], value):
             problems.append(f"line {line}: {m['number']} is not {m['expr']} = {value:.6g}")
