@@ -22,8 +22,9 @@ A number in prose carries its source in a comment right after it, invisible once
 ``[FOLDER|VARIANT|COLUMN]`` is the mean of that cell of ``benchmarks/results/FOLDER/table.json``, in
 the table's units (percentages, MB; a script's table of shown cells, its first number);
 ``COLUMN (paper)`` is the paper's number beside it and ``COLUMN std`` the standard deviation.
-``[perf|MEASURE|value]`` (or ``target``) reads the performance suite's ``perf.json``. Around references go numbers, ``+ - * /``, ``abs``, ``min``
-and ``max``. The prose number must equal the expression rounded to the digits the prose shows.
+``[perf|MEASURE|value]`` (or ``target``) reads the performance suite's ``perf.json``. Around
+references go numbers, ``+ - * /``, ``abs``, ``min`` and ``max``. The prose number must equal the
+expression rounded to the digits the prose shows; a marker after no number is itself a problem.
 
 ``tests/test_docs.py`` fails when a block and its file differ, a file is missing or a marked number
 no longer equals its expression, so no number can stay in the docs after the code stops
