@@ -415,8 +415,9 @@ def test_settings_a_run_never_reads_are_noted(capsys, tmp_path):
     """Running another protocol from the same settings is normal: a note, not an error, and only for
     values changed from their defaults."""
     assert main(["run", *TINY, "--out", str(tmp_path / "a"), "--protocol", "centralized", "--clients", "3",
-                 "--set", "partition.method=metis", "--set", "backend.actors=2"]) == 0
+                 "--set", "partition.method=metis", "--set", "backend.actors=2", "--set", "backend.max_retries=5"]) == 0
     err = capsys.readouterr().err
+    assert "note: backend.max_retries (5) is not read: only on_client_failure: retry reads it, not stop" in err
     assert "note: partition.num_clients (3) is not read: centralized trains one party" in err
     assert "note: backend.actors (2) is not read: it is Ray's" in err
     assert "partition.method" not in err  # the default value

@@ -449,6 +449,8 @@ def unread_settings(cfg: RunConfig) -> list[str]:
     if cfg.backend.name == "local":
         reasons |= dict.fromkeys(("backend.address", "backend.actors", "backend.connect_timeout_s"),
                                  "it is Ray's, and the backend is local")
+    if cfg.backend.on_client_failure != "retry":
+        reasons["backend.max_retries"] = f"only on_client_failure: retry reads it, not {cfg.backend.on_client_failure}"
     defaults = flat_config(RunConfig(protocol={"name": cfg.protocol_name}))
     return [f"{key} ({value}) is not read: {reason}" for key, value in flat_config(cfg).items()
             if value != defaults.get(key) for prefix, reason in reasons.items() if key.startswith(prefix)]

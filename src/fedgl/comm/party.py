@@ -58,7 +58,7 @@ class Party:
 
     def save(self, path: str | Path) -> None:
         """Write the party's own checkpoint where it lives; its state never travels. Tensors are saved
-        from the CPU, so a run may resume on another device."""
+        from the CPU, so the file reads on any machine (a run still resumes on its own device only)."""
         write_atomically(Path(path), lambda fh: torch.save(to_wire(plain(self)), fh))
 
     def load(self, path: str | Path) -> None:
