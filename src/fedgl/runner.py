@@ -196,7 +196,7 @@ class Run:
             "config": flat_config(self.cfg),
             "config_hash": config_hash(self.cfg),
             "round": round_index,
-            "protocol": to_wire(self.protocol.state_dict()),  # on the CPU: resumable on any device
+            "protocol": to_wire(self.protocol.state_dict()),  # on the CPU: the file reads on any machine
             "parties": parties.name,
             "ledger": self.transport.ledger.state_dict(),
             "clock": self.transport.clock.now,
