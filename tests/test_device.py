@@ -34,12 +34,16 @@ PROTOCOLS = {"centralized": {}, "fedavg": {}, "glasu": {"batches": 2}, "nfedgnn"
              "fedaas": {"interval_loss": "train", "batches": 2}}
 
 
+def _observed(result) -> tuple[list[dict], list[dict]]:
+    """A run's metric rows (without wall time, which no two runs share) and its ledger."""
+    return [{k: v for k, v in row.items() if k != "wall_time_s"} for row in result.metrics], result.ledger()
+
+
 def _run(tmp_path, name, protocol, **overrides):
     config = {"protocol": {"name": protocol, **PROTOCOLS[protocol]}}
     if protocol == "llcg":
         config["model"] = {"name": "sage"}
-    result = fedgl.run(config, out_dir=tmp_path / name, **SMALL, **overrides)
-    return [{k: v for k, v in row.items() if k != "wall_time_s"} for row in result.metrics], result.ledger()
+    return _observed(fedgl.run(config, out_dir=tmp_path / name, **SMALL, **overrides))
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -64,8 +68,7 @@ def test_sparse_features_on_the_accelerator_equal_the_cpu(data_root, tmp_path, m
               "partition": {"num_clients": 3}, "train": {"rounds": 2}, "network": {"compute": "ignore"}}
 
     def run(name, **overrides):
-        result = fedgl.run(config, out_dir=tmp_path / name, **overrides)
-        return [{k: v for k, v in row.items() if k != "wall_time_s"} for row in result.metrics], result.ledger()
+        return _observed(fedgl.run(config, out_dir=tmp_path / name, **overrides))
     cpu = run("cpu")
     with fake_accelerator(monkeypatch):
         assert run("acc", device="cuda") == cpu
@@ -103,7 +106,7 @@ def test_a_resumed_accelerator_run_equals_an_uninterrupted_one(tmp_path, monkeyp
         fedgl.run({"protocol": {"name": "swift", "K": 1}}, out_dir=tmp_path / "cut", device="cuda",
                   **(SMALL | {"train__rounds": 2}), checkpoint_every=1)
         result = fedgl.run(tmp_path / "cut" / "config.yaml", out_dir=tmp_path / "cut", resume=True, train__rounds=3)
-    assert [{k: v for k, v in row.items() if k != "wall_time_s"} for row in result.metrics] == whole[0]
+    assert _observed(result)[0] == whole[0]
 
 
 def test_a_checkpoint_resumes_only_on_its_own_device(tmp_path, monkeypatch):
