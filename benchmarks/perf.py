@@ -27,6 +27,10 @@ Groups:
 * ``startup``: ``python -X importtime`` of ``fedgl.cli`` and ``fedgl.runner``, ``fedgl --version``.
 
 ``--only GROUP`` (repeatable) runs some groups and keeps the others' last rows in perf.json.
+
+``--device cuda`` (or ``cuda:N``) runs every fedgl run with ``device: cuda`` and the plain PyG references
+on the same GPU (each timed step waits for the GPU to finish), and adds each process's peak GPU memory;
+it writes ``perf-cuda.json`` and ``perf-cuda.md`` beside the CPU pass, which it leaves alone.
 """
 
 from __future__ import annotations
@@ -49,10 +53,15 @@ from typing import Any, Callable
 
 import torch
 
+from fedgl import device as devices
+from fedgl.errors import ConfigError
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 PEERS = ("OpenFGL (FedAvg, Cora, 10 clients, 100 rounds): 16.5 s per run, 121 ms per round, 461 MiB; "
          "FedGraph on Ray: 62 s per run. Measured by the issue reporter, 2-core machine.")
+DEVICE_NAME = "cpu"  # ``--device``: where runs and references compute
+DEVICE = devices.CPU  # the torch device it names (``use_device``)
 
 
 # ---- measures -------------------------------------------------------------------------------------
@@ -93,7 +102,26 @@ def machine() -> dict[str, Any]:
     return {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu, "cores": os.cpu_count(),
             "kernels": torch.backends.cpu.get_cpu_capability(),  # the instruction set torch's CPU kernels use
             "load_average": [round(x, 2) for x in os.getloadavg()], "torch": torch.__version__,
-            "python": platform.python_version()}
+            "python": platform.python_version(), "device": DEVICE_NAME,
+            **({"gpu": torch.cuda.get_device_name(DEVICE)} if DEVICE.type == "cuda" else {})}
+
+
+def use_device(name: str) -> None:
+    """Compute on ``name`` (cpu, cuda, cuda:N), refused with one line where this machine cannot."""
+    global DEVICE, DEVICE_NAME
+    DEVICE, DEVICE_NAME = devices.resolve(name), name
+
+
+def finished(step: Callable[[], Any]) -> Callable[[], Any]:
+    """``step`` with the benchmark's device as torch's default, returning once the device has done
+    its work (a GPU runs kernels asynchronously, so an unfinished step would be timed short)."""
+    def run() -> Any:
+        with devices.working_on(DEVICE):
+            out = step()
+        if DEVICE.type == "cuda":
+            torch.cuda.synchronize(DEVICE)
+        return out
+    return run
 
 
 def paired_seconds(first: Callable[[], Any], second: Callable[[], Any], calls: int) -> tuple[float, float]:
@@ -124,7 +152,7 @@ def config(protocol: dict, dataset: str, model: dict, partition: dict | None = N
            options: dict | None = None, **train: Any) -> dict:
     return {"dataset": {"name": dataset, **({"options": options} if options else {})},
             "partition": partition or {}, "model": model, "protocol": protocol,
-            "train": {"rounds": 1000, "lr": 0.01, **train}, "network": {"compute": "ignore"}}
+            "train": {"rounds": 1000, "lr": 0.01, **train}, "network": {"compute": "ignore"}, "device": DEVICE_NAME}
 
 
 class FedglRun:
@@ -146,6 +174,8 @@ class FedglRun:
         self.round += 1
         self.job.transport.set_round(self.round)
         self.job.protocol.train_round(self.round)
+        if DEVICE.type == "cuda":
+            torch.cuda.synchronize(DEVICE)
 
     def close(self) -> None:
         self.job.transport.close()
@@ -293,7 +323,7 @@ class MiniBatchReference:
         self.graphs = graphs or [csr_of(data.edge_index, data.num_nodes)] * len(clients)
         self.model = pyg_stack(kind, dims, head=head)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.01)
-        self.generator = torch.Generator().manual_seed(0)
+        self.generator = devices.generator(DEVICE).manual_seed(0)
 
     def step(self, client: int) -> None:
         import torch.nn.functional as F
@@ -312,7 +342,10 @@ class MiniBatchReference:
 # ---- overhead ---------------------------------------------------------------------------------------
 def overhead(quick: bool, dataset: str = "cora", large: str = "pubmed", protocols: tuple[str, ...] | None = None
              ) -> list[Measure]:
-    """Seconds per federated round over the plain PyG loop doing the same gradient work."""
+    """Seconds per federated round over the plain PyG loop doing the same gradient work. The runs read
+    the datasets on the CPU (their parties move what they hold to ``DEVICE``); the references are built
+    and stepped on ``DEVICE`` from copies there (``ref``), with partitions made on the CPU."""
+    from fedgl.partition import partition_horizontal
     from torch_geometric.utils import subgraph
 
     rounds = 5 if quick else 30
@@ -327,7 +360,9 @@ def overhead(quick: bool, dataset: str = "cora", large: str = "pubmed", protocol
         try:
             run = FedglRun(cfg, data)
             try:
-                fed, ref = paired_seconds(run.step, reference(run), calls)
+                with devices.working_on(DEVICE):  # the reference's model and working tensors there
+                    step = reference(run)
+                fed, ref = paired_seconds(run.step, finished(step), calls)
             finally:
                 run.close()
         except Exception as err:  # one failing protocol must not hide the others
@@ -338,28 +373,28 @@ def overhead(quick: bool, dataset: str = "cora", large: str = "pubmed", protocol
 
     wanted = protocols or ("centralized", "fedavg", "glasu", "nfedgnn", "swift", "fedgnn-g", "fedaas")
     small = load(dataset)
-    small_x = pyg_features(small.x)
+    ref = devices.move(small, DEVICE)
+    small_x = pyg_features(ref.x)
     classes = int(small.y.max()) + 1
-    mask = small.train_mask
+    mask = ref.train_mask
     if "centralized" in wanted:
         def full(run):
             model = pyg_stack("gcn", [small.num_features, 64, classes])
             opt = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=5e-4)
-            return lambda: pyg_full_graph_step(model, opt, small_x, small.edge_index, small.y, mask)
+            return lambda: pyg_full_graph_step(model, opt, small_x, ref.edge_index, ref.y, mask)
         measure("centralized", config({"name": "centralized"}, dataset, gcn), full, small,
                 f"GCN 64, {dataset}, one full-graph epoch per round")
     if "fedavg" in wanted:
-        def per_client(run):
-            from fedgl.partition import partition_horizontal
+        owner = devices.move(partition_horizontal(small, 10, "metis", seed=0).owner, DEVICE)  # the run's own
 
-            owner = partition_horizontal(small, 10, "metis", seed=0).owner  # the run's own partition (seed 0)
+        def per_client(run):
             steps = []
             for k in range(10):
                 nodes = (owner == k).nonzero().flatten()
-                edges, _ = subgraph(nodes, small.edge_index, relabel_nodes=True, num_nodes=small.num_nodes)
+                edges, _ = subgraph(nodes, ref.edge_index, relabel_nodes=True, num_nodes=small.num_nodes)
                 model = pyg_stack("gcn", [small.num_features, 64, classes])
                 opt = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=5e-4)
-                steps.append((model, opt, pyg_features(small.x[nodes]), edges, small.y[nodes], mask[nodes]))
+                steps.append((model, opt, pyg_features(ref.x[nodes]), edges, ref.y[nodes], mask[nodes]))
             return lambda: [pyg_full_graph_step(*s) for s in steps for _ in range(3)]
         measure("fedavg", config({"name": "fedavg", "local_epochs": 3}, dataset, gcn,
                                  {"num_clients": 10, "method": "metis"}), per_client, small,
@@ -373,14 +408,14 @@ def overhead(quick: bool, dataset: str = "cora", large: str = "pubmed", protocol
                 head = torch.nn.Linear(64, classes)
                 params = [*model.parameters(), *head.parameters()]
                 opt = torch.optim.Adam(params, lr=0.01)
-                steps.append((model, head, opt, pyg_features(small.x[:, cols].contiguous())))
+                steps.append((model, head, opt, pyg_features(ref.x[:, cols].contiguous())))
 
             def step():
                 for model, head, opt, x in steps:
                     model.train()
                     opt.zero_grad()
-                    h = fast_dropout(model(x, small.edge_index).relu(), True)
-                    torch.nn.functional.cross_entropy(head(h)[mask], small.y[mask]).backward()
+                    h = fast_dropout(model(x, ref.edge_index).relu(), True)
+                    torch.nn.functional.cross_entropy(head(h)[mask], ref.y[mask]).backward()
                     opt.step()
             return step
         measure("glasu", config({"name": "glasu", "K": 2, "Q": 1, "S": 10**9, "batches": 1, "sampling": "full"},
@@ -389,26 +424,25 @@ def overhead(quick: bool, dataset: str = "cora", large: str = "pubmed", protocol
                 "K = L = 2, Q = 1: each client a full-graph pass over its block")
     if "nfedgnn" in wanted:
         def full_gcn(run):
-            return laplacian_gcn_step(small_x, small.edge_index, small.y, mask, 64, classes, run.protocol.lam)
+            return laplacian_gcn_step(small_x, ref.edge_index, ref.y, mask, 64, classes, run.protocol.lam)
         measure("nfedgnn", config({"name": "nfedgnn"}, dataset, gcn), full_gcn, small,
                 f"GCN 64, {dataset}, every node a user, one full-graph step per round; the reference's loss adds "
                 "the same Laplacian penalty on the first layer's projection (Eq. 6-7, lam of the run)")
     if any(p in wanted for p in ("swift", "fedgnn-g", "fedaas")):
         big = load(large)
+        big_ref = devices.move(big, DEVICE)
         big_classes = int(big.y.max()) + 1
-        from fedgl.partition import partition_horizontal
-
         owner = partition_horizontal(big, 10, "metis", seed=0).owner
-        train = [((owner == k) & big.train_mask).nonzero().flatten() for k in range(10)]
-        local = [csr_of(big.edge_index[:, owner[big.edge_index[0]] == owner[big.edge_index[1]]], big.num_nodes)
-                 ] * 10
+        train = devices.move([((owner == k) & big.train_mask).nonzero().flatten() for k in range(10)], DEVICE)
+        local = [devices.move(csr_of(big.edge_index[:, owner[big.edge_index[0]] == owner[big.edge_index[1]]],
+                                     big.num_nodes), DEVICE)] * 10
+        whole = devices.move(csr_of(big.edge_index, big.num_nodes), DEVICE)
         for name, cross in (("swift", 5), ("fedgnn-g", 10)):
             if name not in wanted:
                 continue
 
             def reference(run, cross=cross):
-                whole = csr_of(big.edge_index, big.num_nodes)
-                ref = MiniBatchReference(big, "sage", [big.num_features, 256, big_classes], train, 256, [15, 10],
+                ref = MiniBatchReference(big_ref, "sage", [big.num_features, 256, big_classes], train, 256, [15, 10],
                                          [whole] * cross + local[cross:])
                 return lambda: [ref.step(k) for k in range(10)]
             options = {"name": name, "batch_size": 256, "fanouts": [15, 10]} | (
@@ -418,8 +452,8 @@ def overhead(quick: bool, dataset: str = "cora", large: str = "pubmed", protocol
                     "across clients each iteration (the reference samples their neighbours in the whole graph)")
         if "fedaas" in wanted:
             def attention(run):
-                ref = MiniBatchReference(big, "attention", [big.num_features, 256, 128], train, 0, [10, 10],
-                                         [csr_of(big.edge_index, big.num_nodes)] * 10, head=big_classes)
+                ref = MiniBatchReference(big_ref, "attention", [big.num_features, 256, 128], train, 0, [10, 10],
+                                         [whole] * 10, head=big_classes)
                 sizes = [max(1, -(-t.numel() // 10)) for t in train]
 
                 def step():
@@ -464,7 +498,8 @@ def peers(quick: bool) -> list[Measure]:
     repeats = 1 if quick else 3
     out: list[Measure] = []
     with tempfile.TemporaryDirectory() as tmp:
-        base = [*fedgl_command(), "run", example, "--quiet", "--overwrite", "--rounds", "100"]
+        base = [*fedgl_command(), "run", example, "--quiet", "--overwrite", "--rounds", "100",
+                "--set", f"device={DEVICE_NAME}"]
         note = f"median of {repeats} runs"
         try:
             runs, per_round = [], []
@@ -495,6 +530,14 @@ def peak_mib() -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def gpu_peak(group: str, name: str) -> list[Measure]:
+    """The process's peak GPU memory so far, as a measure (none on the CPU)."""
+    if DEVICE.type != "cuda":
+        return []
+    return [Measure(group, name, torch.cuda.max_memory_allocated(DEVICE) / 2**20, "MiB", None,
+                    "torch.cuda.max_memory_allocated")]
 
 
 def round_timer(group: str, out: list[Measure], rounds: int) -> Callable[..., None]:
@@ -530,7 +573,7 @@ def scale(quick: bool) -> list[Measure]:
               config({"name": "fedavg", "local_epochs": 1}, "pubmed", gcn, {"num_clients": clients,
                                                                              "method": "random"}),
               None, "GCN 64, random partition, 1 local epoch")
-    return out
+    return out + gpu_peak("scale", "after the scale settings: peak GPU memory of the process")
 
 
 def synthetic(quick: bool) -> list[Measure]:
@@ -555,12 +598,14 @@ def synthetic(quick: bool) -> list[Measure]:
                      {"num_clients": parts, "method": "random"}, options), target, note, data=graph)
     out.append(Measure("synthetic", "fedavg on the synthetic graph: peak memory of the process", peak_mib(), "MiB",
                        None if quick else "<= 16384"))
+    out += gpu_peak("synthetic", "fedavg on the synthetic graph: peak GPU memory of the process")
     if not quick:
         per_round(f"swift: one iteration, {nodes:,}-node synthetic graph, {parts} clients",
                   config({"name": "swift", "batch_size": 256, "fanouts": [15, 10], "I": 10, "K": 5}, "synthetic",
                          {"name": "sage", "hidden": 256, "layers": 2}, {"num_clients": parts, "method": "random"},
                          options), None, "GraphSAGE 256, batch 256, fan-outs 15/10, I = 10, K = 5", data=graph)
         out.append(Measure("synthetic", "after swift: peak memory of the process", peak_mib(), "MiB"))
+        out += gpu_peak("synthetic", "after swift: peak GPU memory of the process")
     return out
 
 
@@ -607,7 +652,7 @@ def fedgnn_g_physics(quick: bool) -> list[Measure]:
         "GraphSAGE 256, fan-outs 15/10, every client crosses every iteration")
     out.append(Measure("fedgnn-g-physics", "fedgnn-g on Coauthor Physics: peak memory of the process", peak_mib(),
                        "MiB", "<= 8192", f"address space capped at {MEMORY_CAP_GIB} GiB"))
-    return out
+    return out + gpu_peak("fedgnn-g-physics", "fedgnn-g on Coauthor Physics: peak GPU memory of the process")
 
 
 MEMORY_CAP_GIB = 12
@@ -666,8 +711,10 @@ def markdown(result: dict) -> str:
     m = result["machine"]
     ran = f"groups {', '.join(result['groups_run'])}" if result.get("groups_run") else "every group"
     kernels = f", {m['kernels']} kernels" if m.get("kernels") else ""
+    gpu = f" and {m['device']} ({m['gpu']})" if m.get("gpu") else ""
     lines = [f"Last run {m['date']} ({ran}) on {m['cpu']} ({m['cores']} cores{kernels}, load average "
-             f"{m['load_average'][0]} at start), torch {m['torch']}, {'quick' if result['quick'] else 'full'} pass. "
+             f"{m['load_average'][0]} at start){gpu}, torch {m['torch']}, "
+             f"{'quick' if result['quick'] else 'full'} pass. "
              "The measured column is when the row's group ran, the load column the 1-minute load average then (the "
              "machine is shared).", "",
              "| group | measure | value | unit | target | pass | measured | load | notes |",
@@ -681,9 +728,15 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def stem(device: str) -> str:
+    """The results' file name: ``perf`` for the CPU pass the README includes, ``perf-cuda`` for a GPU's."""
+    return "perf" if device == "cpu" else "perf-cuda"
+
+
 def write(result: dict, out_dir: Path = RESULTS) -> tuple[Path, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = out_dir / "perf.json", out_dir / "perf.md"
+    name = stem(result["machine"].get("device", "cpu"))
+    json_path, md_path = out_dir / f"{name}.json", out_dir / f"{name}.md"
     json_path.write_text(json.dumps(result, indent=2) + "\n")
     md_path.write_text(markdown(result))
     return json_path, md_path
@@ -691,7 +744,7 @@ def write(result: dict, out_dir: Path = RESULTS) -> tuple[Path, Path]:
 
 def run_group(name: str, quick: bool) -> list[dict]:
     """One group in a fresh interpreter; its measures as rows."""
-    argv = [sys.executable, __file__, "--child", name] + (["--quick"] if quick else [])
+    argv = [sys.executable, __file__, "--child", name, "--device", DEVICE_NAME] + (["--quick"] if quick else [])
     proc = subprocess.run(argv, capture_output=True, text=True)
     if proc.returncode:
         err = RuntimeError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}")
@@ -704,8 +757,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="a short pass: fewer rounds, the big settings shrunk")
     parser.add_argument("--only", action="append", choices=sorted(GROUPS), help="run only this group (repeatable)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for perf.json and perf.md")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu (default), cuda or cuda:N: where runs and references compute; a GPU pass writes "
+                             "perf-cuda.json and perf-cuda.md")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if not re.fullmatch(r"cpu|cuda(:[0-9]+)?", args.device):
+        parser.error(f"--device {args.device}: expected cpu, cuda or cuda:N")
+    try:
+        use_device(args.device)
+    except ConfigError as err:
+        parser.error(str(err))
     if args.child:
         warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
         torch.set_num_threads(1)  # as fedgl runs by default (threads: 1)
@@ -714,12 +776,13 @@ def main(argv: list[str] | None = None) -> None:
                           for m in GROUPS[args.child](args.quick)]))
         return
     result = {"machine": machine(), "quick": args.quick, "peers_cited": PEERS, "measures": []}
-    previous = args.out / "perf.json"
+    previous = args.out / f"{stem(DEVICE_NAME)}.json"
+    if args.only:
+        result["groups_run"] = args.only
     if args.only and previous.exists():  # keep the other groups' last measures, with their dates
         earlier = json.loads(previous.read_text())
         result["measures"] = [{"measured": earlier["machine"]["date"], **row} for row in earlier["measures"]
                               if row["group"] not in args.only]
-        result["groups_run"] = args.only
     for name in args.only or GROUPS:
         started = time.perf_counter()
         rows = run_group(name, args.quick)

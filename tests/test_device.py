@@ -28,6 +28,19 @@ def test_the_stand_in_accelerator_refuses_what_an_accelerator_refuses(monkeypatc
             x.numpy()
 
 
+def test_moving_a_graph_leaves_the_original_where_it_was(monkeypatch):
+    """``Data.to`` replaces the tensors of the object it is called on; ``move`` must not."""
+    from torch_geometric.data import Data
+
+    from fedgl import device as devices
+
+    data = Data(x=torch.ones(2, 3), edge_index=torch.tensor([[0], [1]]))
+    with fake_accelerator(monkeypatch) as device:
+        moved = devices.move({"graph": data}, device)["graph"]
+        assert moved.x.device == device and moved.edge_index.device == device
+        assert data.x.device.type == "cpu" and data.edge_index.device.type == "cpu"
+
+
 # every protocol, with what it needs to run on three clients
 PROTOCOLS = {"centralized": {}, "fedavg": {}, "glasu": {"batches": 2}, "nfedgnn": {}, "cnfgnn": {},
              "swift": {"K": 1}, "fedgnn-g": {}, "fedgnn-pns": {}, "llcg": {"local_steps": 1},

@@ -118,3 +118,47 @@ def test_reading_a_dataset_imports_only_its_own_torch_geometric_module(data_root
     lines = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
     assert lines[:4] == ["2708", "False False", "True True", "34"]
 
+
+
+def test_a_device_pass_runs_both_sides_on_the_device(perf, monkeypatch):
+    """``--device cuda``: the fedgl runs and the plain PyG references compute on the device (here the
+    stand-in accelerator, which refuses any operand left on the CPU), full-batch and mini-batch."""
+    from fedgl import device as devices
+    from support.fake_device import fake_accelerator
+
+    monkeypatch.setattr(perf, "DEVICE", perf.DEVICE)  # restored after the test
+    monkeypatch.setattr(perf, "DEVICE_NAME", perf.DEVICE_NAME)
+    with fake_accelerator(monkeypatch) as device:
+        perf.use_device("cuda")
+        assert perf.config({"name": "fedavg"}, "cora", {})["device"] == "cuda"
+        measures = perf.overhead(True, dataset="synthetic", protocols=("centralized", "fedavg", "glasu", "nfedgnn"))
+        assert [m.name for m in measures] == ["centralized", "fedavg", "glasu", "nfedgnn"]
+        assert all(m.value is not None for m in measures), [m.note for m in measures]
+        data = perf.load("synthetic", num_nodes=300, num_features=16, num_classes=3)
+        train = [data.train_mask.nonzero().flatten()]
+        with devices.working_on(device):
+            reference = perf.MiniBatchReference(devices.move(data, device), "sage", [16, 8, 3],
+                                                devices.move(train, device), 32, [4, 3])
+            perf.finished(lambda: reference.step(0))()
+        assert all(p.device == device for p in reference.model.parameters())
+        assert data.x.device.type == "cpu"  # the runs' copy stays where the runs read it
+
+
+def test_a_device_this_machine_lacks_is_refused_in_one_line(perf, capsys, tmp_path):
+    for wanted, message in (("cuda:7" if torch.cuda.is_available() else "cuda", "device: cuda"),
+                            ("gpu", "expected cpu, cuda or cuda:N")):
+        with pytest.raises(SystemExit) as exit_:
+            perf.main(["--device", wanted, "--out", str(tmp_path)])
+        assert exit_.value.code == 2
+        assert message in capsys.readouterr().err.strip().splitlines()[-1]
+    assert not any(tmp_path.iterdir())
+    assert perf.stem("cpu") == "perf" and perf.stem("cuda:1") == "perf-cuda"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_every_overhead_measure_runs_on_a_gpu(perf, monkeypatch):
+    monkeypatch.setattr(perf, "DEVICE", perf.DEVICE)
+    monkeypatch.setattr(perf, "DEVICE_NAME", perf.DEVICE_NAME)
+    perf.use_device("cuda")
+    measures = perf.overhead(True, dataset="synthetic", large="synthetic")
+    assert len(measures) == 7 and all(m.value is not None for m in measures), [m.note for m in measures]

@@ -10,6 +10,7 @@ state is its own, like its CPU random state. A party on the CPU takes none of th
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from contextlib import nullcontext
 from typing import Any, ContextManager
@@ -53,7 +54,7 @@ def move(obj: Any, device: torch.device) -> Any:
         return dataclasses.replace(obj, **{f.name: move(getattr(obj, f.name), device)
                                            for f in dataclasses.fields(obj) if f.init})
     if hasattr(obj, "to") and type(obj).__module__.startswith("torch_geometric.data"):
-        return obj.to(device)
+        return copy.copy(obj).to(device)  # ``Data.to`` replaces the tensors of the object it is called on
     return obj
 
 

@@ -128,8 +128,8 @@ _ON_DEVICE: weakref.WeakSet = weakref.WeakSet()
 
 def _made_here(generator) -> bool:
     """Whether a generator stands for one on the accelerator. The dispatcher hands over a new Python
-    object for the same generator, so it is found by its state (a CPU generator in the very same state
-    passes unnoticed: a missed error, never a false one)."""
+    object for the same generator, so it is found by its state: two generators in the same state (one
+    on each device, seeded alike) cannot be told apart, so a draw with either may be refused."""
     state = generator.get_state()
     return any(torch.equal(g.get_state(), state) for g in _ON_DEVICE)
 
