@@ -24,11 +24,15 @@ DEFAULT_PROTOCOL = "fedavg"
 # registry installs the validator when ``fedgl.protocols`` is imported (``fedgl`` does so), so this
 # module needs nothing from the protocols above it.
 _protocol_options: Callable[[dict[str, Any]], BaseModel] | None = None
+_training_defaults: Callable[[str, str], dict[str, Any]] = lambda protocol, model: {}
 
 
-def register_protocol_options(validate: Callable[[dict[str, Any]], BaseModel]) -> None:
-    global _protocol_options
-    _protocol_options = validate
+def register_protocol_options(validate: Callable[[dict[str, Any]], BaseModel],
+                              training: Callable[[str, str], dict[str, Any]]) -> None:
+    """``validate`` checks a protocol section; ``training(protocol, model)`` gives the ``train`` settings
+    the protocol's paper uses where they differ from the shared defaults."""
+    global _protocol_options, _training_defaults
+    _protocol_options, _training_defaults = validate, training
 
 
 def protocol_options(section: dict[str, Any]) -> BaseModel:
@@ -143,6 +147,17 @@ class RunConfig(Section):
     def _protocol_known(cls, section: dict[str, Any]) -> dict[str, Any]:
         """Validate with the protocol's own options model and store its complete, defaulted form."""
         return protocol_options({"name": DEFAULT_PROTOCOL, **section}).model_dump()
+
+    @model_validator(mode="after")
+    def _paper_training(self):
+        """``train`` settings the config leaves unset take the protocol's paper values where it has its
+        own (FedAAS: Adam 0.001 without decay; nFedGNN and CNFGNN with GCN: 0.1). The shared defaults
+        suit full-batch GCN training; FedAAS's ten fresh-Adam steps per round at 0.01 keep it near
+        chance on CiteSeer."""
+        for key, value in _training_defaults(self.protocol_name, self.model.name).items():
+            if key not in self.train.model_fields_set:
+                setattr(self.train, key, value)
+        return self
 
     @property
     def protocol_name(self) -> str:

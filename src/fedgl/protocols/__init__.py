@@ -50,4 +50,8 @@ def protocol_options(section: dict[str, Any]) -> BaseModel:
         raise ConfigError(describe(err, prefix="protocol.")) from None
 
 
-register_protocol_options(protocol_options)
+def training_defaults(protocol: str, model: str) -> dict[str, Any]:
+    return protocol_class(protocol).paper_training(model)
+
+
+register_protocol_options(protocol_options, training_defaults)

@@ -33,6 +33,12 @@ class Protocol:
     can_skip_parties: ClassVar[bool] = False  # whether training can go on without a lost client
     on_device: ClassVar[tuple[str, ...]] = ()  # server attributes its compute on ``device`` reads
 
+    @classmethod
+    def paper_training(cls, model: str) -> dict[str, Any]:
+        """``train`` settings of the protocol's paper that differ from the shared defaults, for backbone
+        ``model``; a config that leaves them unset gets these (``RunConfig``)."""
+        return {}
+
     def __init__(self, cfg: RunConfig, transport: Transport):
         self.cfg = cfg
         self.opts: Any = cfg.options()

@@ -593,6 +593,10 @@ class FedAAS(Protocol):
     scenario = "horizontal"
     Options = FedAASOptions
 
+    @classmethod
+    def paper_training(cls, model: str) -> dict[str, Any]:
+        return {"lr": 0.001, "weight_decay": 0.0}  # §7.1: Adam at 0.001, "weight decay to be zero"
+
     def build(self, num_features: int, num_classes: int) -> None:
         o = self.opts
         default = ModelConfig()

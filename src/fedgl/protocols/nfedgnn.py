@@ -145,6 +145,10 @@ class NFedGNN(Protocol):
     Users: type[UserPopulation] = UserPopulation
     on_device = ("train_idx", "y_train", "graph", "latents")
 
+    @classmethod
+    def paper_training(cls, model: str) -> dict[str, Any]:
+        return {"lr": 0.1} if str(model).lower() == "gcn" else {}  # §5: GCN at 0.1; GAT at 0.01, the shared default
+
     # ---- setup --------------------------------------------------------------------------------------
     def build(self, num_features: int, num_classes: int) -> None:
         m = self.cfg.model
