@@ -10,8 +10,8 @@ from fedgl.config import build_config
 from fedgl.runner import Run, run
 
 # lr 0.01: at nFedGNN's own 0.1 three rounds on 200 nodes leave logits so close that noise of 1e-9 flips them
-BASE = {"dataset": {"options": {"num_nodes": 200}}, "train": {"rounds": 3, "lr": 0.01}, "network": {"compute": "ignore"},
-        "protocol": {"name": "nfedgnn", "user_fraction": 0.5}}
+BASE = {"dataset": {"options": {"num_nodes": 200}}, "train": {"rounds": 3, "lr": 0.01},
+        "network": {"compute": "ignore"}, "protocol": {"name": "nfedgnn", "user_fraction": 0.5}}
 
 
 def dp(noise_multiplier: float, max_norm: float) -> dict:

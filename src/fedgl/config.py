@@ -24,7 +24,7 @@ DEFAULT_PROTOCOL = "fedavg"
 # registry installs the validator when ``fedgl.protocols`` is imported (``fedgl`` does so), so this
 # module needs nothing from the protocols above it.
 _protocol_options: Callable[[dict[str, Any]], BaseModel] | None = None
-_training_defaults: Callable[[str, str], dict[str, Any]] = lambda protocol, model: {}
+_training_defaults: Callable[[str, str], dict[str, Any]] | None = None
 
 
 def register_protocol_options(validate: Callable[[dict[str, Any]], BaseModel],
@@ -154,7 +154,8 @@ class RunConfig(Section):
         own (FedAAS: Adam 0.001 without decay; nFedGNN and CNFGNN with GCN: 0.1). The shared defaults
         suit full-batch GCN training; FedAAS's ten fresh-Adam steps per round at 0.01 keep it near
         chance on CiteSeer."""
-        for key, value in _training_defaults(self.protocol_name, self.model.name).items():
+        paper = _training_defaults(self.protocol_name, self.model.name) if _training_defaults else {}
+        for key, value in paper.items():
             if key not in self.train.model_fields_set:
                 setattr(self.train, key, value)
         return self
