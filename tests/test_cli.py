@@ -443,6 +443,22 @@ def test_another_protocol_from_the_same_yaml_keeps_the_options_it_has(capsys, tm
     assert "left out" not in capsys.readouterr().err
 
 
+def test_another_protocol_notes_training_values_its_paper_does_not_use(capsys, tmp_path):
+    """A config's own ``train.lr`` stays when ``--protocol`` switches to nFedGNN (paper: 0.1), noted;
+    without one, or with ``--set``, nothing is noted and the run says which value it used."""
+    config = tmp_path / "fedavg.yaml"
+    config.write_text("protocol:\n  name: fedavg\ntrain:\n  lr: 0.01\n")
+    assert main(["run", str(config), *TINY, "--out", str(tmp_path / "a"), "--protocol", "nfedgnn"]) == 0
+    assert ("note: nfedgnn trains with train.lr 0.01 (its paper's: 0.1) from" in capsys.readouterr().err)
+    assert main(["run", str(config), *TINY, "--out", str(tmp_path / "b"), "--protocol", "nfedgnn",
+                 "--set", "train.lr=0.05"]) == 0
+    assert "its paper's" not in capsys.readouterr().err
+    config.write_text("protocol:\n  name: fedavg\n")
+    assert main(["run", str(config), *TINY, "--out", str(tmp_path / "c"), "--protocol", "nfedgnn"]) == 0
+    assert "its paper's" not in capsys.readouterr().err
+    assert yaml.safe_load((tmp_path / "c" / "config.yaml").read_text())["train"]["lr"] == 0.1
+
+
 def test_a_run_refused_while_it_sets_up_leaves_no_folder(capsys, tmp_path):
     new, kept = tmp_path / "new", tmp_path / "kept"
     kept.mkdir()

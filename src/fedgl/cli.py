@@ -37,25 +37,37 @@ _FLAGS = {  # run flags that are shorthands for config keys
 }
 
 
-def _switched_protocol(config: str | None, protocol: str | None, overrides: list[str]) -> list[str]:
+def _switched_protocol(config: str | None, protocol: str | None, overrides: list[str], sets: list[str]) -> list[str]:
     """``--protocol`` naming another protocol than the one the config names: the config's options that
     the new protocol also has are kept, the others (they belong to the config's protocol) are left out
-    with a note, instead of being refused; ``--set protocol.KEY`` still applies."""
+    with a note, instead of being refused; ``--set protocol.KEY`` still applies. ``train`` values the
+    config sets (and ``sets`` does not) that differ from the new protocol's paper's are noted."""
     from .config import read_yaml
     from .protocols import protocol_class
 
-    section = (read_yaml(config).get("protocol") or {}) if config and protocol else {}
+    data = read_yaml(config) if config and protocol else {}
+    section = data.get("protocol") or {}
     if not isinstance(section, dict) or section.get("name") is None or str(section["name"]).lower() == protocol.lower():
         return []
     try:
-        accepted = protocol_class(protocol).Options.model_fields
+        cls = protocol_class(protocol)
     except ConfigError:
         return []  # an unknown name: the config's validation names it
+    accepted = cls.Options.model_fields
     kept = {key: value for key, value in section.items() if key != "name" and key in accepted}
     overrides[overrides.index(f"protocol.name={protocol}")] = "protocol=" + json.dumps({"name": protocol, **kept})
     left = [key for key in section if key != "name" and key not in accepted]
-    return [f"{section['name']}'s protocol options in {config} that {protocol} does not have are left out: "
-            f"{', '.join(left)}"] if left else []
+    notes = [f"{section['name']}'s protocol options in {config} that {protocol} does not have are left out: "
+             f"{', '.join(left)}"] if left else []
+    train = data.get("train") if isinstance(data.get("train"), dict) else {}
+    model = data.get("model") if isinstance(data.get("model"), dict) else {}
+    paper = cls.paper_training(str(model.get("name", "gcn")))
+    differ = [f"train.{key} {train[key]} (its paper's: {value})" for key, value in paper.items()
+              if key in train and train[key] != value and not any(o.startswith(f"train.{key}=") for o in sets)]
+    if differ:
+        notes.append(f"{protocol} trains with {', '.join(differ)} from {config}; leave them out of the config, or "
+                     f"--set them, for its paper's values")
+    return notes
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -64,7 +76,7 @@ def _run(args: argparse.Namespace) -> int:
     from .runner import prepare, unread_settings
 
     overrides = [f"{key}={value}" for flag, key in _FLAGS.items() if (value := getattr(args, flag)) is not None]
-    notes = _switched_protocol(args.config, args.protocol, overrides)
+    notes = _switched_protocol(args.config, args.protocol, overrides, list(args.set or []))
     cfg = load_config(args.config, overrides + list(args.set or []))
     for note in notes + unread_settings(cfg):
         print(f"fedgl: note: {note}", file=sys.stderr)
