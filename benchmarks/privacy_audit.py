@@ -57,12 +57,12 @@ VARIANTS: list[tuple[str, dict]] = [
     ("FedGNN-G min_aggregate 1", {**SWIFT, "protocol": {"name": "fedgnn-g", "batch_size": 256, "min_aggregate": 1}}),
     ("LLCG", {**SWIFT, "protocol": {"name": "llcg", "local_steps": 10, "batch_size": 256}}),
     ("FedAAS", {**HORIZONTAL, "protocol": {"name": "fedaas", "interval_loss": "train"},
-                "train": {"rounds": 2, "lr": 0.001}}),
+                "train": {"rounds": 2, "lr": 0.001, "weight_decay": 5e-4}}),
     ("FedAAS interval 1", {**HORIZONTAL, "protocol": {"name": "fedaas", "interval_loss": "train", "interval": 1},
-                           "train": {"rounds": 2, "lr": 0.001}}),
+                           "train": {"rounds": 2, "lr": 0.001, "weight_decay": 5e-4}}),
     ("FedAAS interval 1, min_pair_rows 2", {**HORIZONTAL, "protocol": {"name": "fedaas", "interval_loss": "train",
                                                                          "interval": 1, "min_pair_rows": 2},
-                                            "train": {"rounds": 2, "lr": 0.001}}),
+                                            "train": {"rounds": 2, "lr": 0.001, "weight_decay": 5e-4}}),
 ]
 
 

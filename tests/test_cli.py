@@ -449,10 +449,13 @@ def test_another_protocol_notes_training_values_its_paper_does_not_use(capsys, t
     config = tmp_path / "fedavg.yaml"
     config.write_text("protocol:\n  name: fedavg\ntrain:\n  lr: 0.01\n")
     assert main(["run", str(config), *TINY, "--out", str(tmp_path / "a"), "--protocol", "nfedgnn"]) == 0
-    assert ("note: nfedgnn trains with train.lr 0.01 (its paper's: 0.1) from" in capsys.readouterr().err)
-    assert main(["run", str(config), *TINY, "--out", str(tmp_path / "b"), "--protocol", "nfedgnn",
-                 "--set", "train.lr=0.05"]) == 0
-    assert "its paper's" not in capsys.readouterr().err
+    assert (f"note: nfedgnn trains with train.lr = 0.01 from {config}; its paper's value is 0.1 (remove it from "
+            f"{config} or --set train.lr=0.1)") in capsys.readouterr().err
+    for setting in (["--set", "train.lr=0.05"], ["--set", "train={lr: 0.05}"],
+                    ["--set", "model.name=gat", "--set", "model.options.heads=8"]):  # GAT's paper value is 0.01
+        assert main(["run", str(config), *TINY, "--out", str(tmp_path / "b"), "--overwrite", "--protocol", "nfedgnn",
+                     *setting]) == 0
+        assert "its paper's" not in capsys.readouterr().err
     config.write_text("protocol:\n  name: fedavg\n")
     assert main(["run", str(config), *TINY, "--out", str(tmp_path / "c"), "--protocol", "nfedgnn"]) == 0
     assert "its paper's" not in capsys.readouterr().err

@@ -122,7 +122,8 @@ def test_reading_a_dataset_imports_only_its_own_torch_geometric_module(data_root
 
 def test_a_device_pass_runs_both_sides_on_the_device(perf, monkeypatch):
     """``--device cuda``: the fedgl runs and the plain PyG references compute on the device (here the
-    stand-in accelerator, which refuses any operand left on the CPU), full-batch and mini-batch."""
+    stand-in accelerator, which refuses any operand left on the CPU): the overhead group's full-batch
+    references and one mini-batch reference step."""
     from fedgl import device as devices
     from support.fake_device import fake_accelerator
 

@@ -29,8 +29,8 @@ class UnreadSetting(UserWarning):
 def load_config(config: RunConfig | str | Path | dict[str, Any] | None = None, **overrides: Any) -> RunConfig:
     """A validated config from a ``RunConfig``, a YAML path, a dict of sections or nothing (the
     defaults), with ``overrides`` applied."""
-    if isinstance(config, RunConfig):
-        data = config.model_dump(mode="json")
+    if isinstance(config, RunConfig):  # train values it left unset stay unset (its protocol's, or shared)
+        data = config.model_dump(mode="json") | {"train": config.train.model_dump(mode="json", exclude_unset=True)}
     elif isinstance(config, dict):
         data = copy.deepcopy(config)
     elif config is None:

@@ -37,37 +37,44 @@ _FLAGS = {  # run flags that are shorthands for config keys
 }
 
 
-def _switched_protocol(config: str | None, protocol: str | None, overrides: list[str], sets: list[str]) -> list[str]:
+def _switched_protocol(config: str | None, protocol: str | None, overrides: list[str]) -> list[str]:
     """``--protocol`` naming another protocol than the one the config names: the config's options that
     the new protocol also has are kept, the others (they belong to the config's protocol) are left out
-    with a note, instead of being refused; ``--set protocol.KEY`` still applies. ``train`` values the
-    config sets (and ``sets`` does not) that differ from the new protocol's paper's are noted."""
+    with a note, instead of being refused; ``--set protocol.KEY`` still applies."""
     from .config import read_yaml
     from .protocols import protocol_class
 
-    data = read_yaml(config) if config and protocol else {}
-    section = data.get("protocol") or {}
+    section = (read_yaml(config).get("protocol") or {}) if config and protocol else {}
     if not isinstance(section, dict) or section.get("name") is None or str(section["name"]).lower() == protocol.lower():
         return []
     try:
-        cls = protocol_class(protocol)
+        accepted = protocol_class(protocol).Options.model_fields
     except ConfigError:
         return []  # an unknown name: the config's validation names it
-    accepted = cls.Options.model_fields
     kept = {key: value for key, value in section.items() if key != "name" and key in accepted}
     overrides[overrides.index(f"protocol.name={protocol}")] = "protocol=" + json.dumps({"name": protocol, **kept})
     left = [key for key in section if key != "name" and key not in accepted]
-    notes = [f"{section['name']}'s protocol options in {config} that {protocol} does not have are left out: "
-             f"{', '.join(left)}"] if left else []
-    train = data.get("train") if isinstance(data.get("train"), dict) else {}
-    model = data.get("model") if isinstance(data.get("model"), dict) else {}
-    paper = cls.paper_training(str(model.get("name", "gcn")))
-    differ = [f"train.{key} {train[key]} (its paper's: {value})" for key, value in paper.items()
-              if key in train and train[key] != value and not any(o.startswith(f"train.{key}=") for o in sets)]
-    if differ:
-        notes.append(f"{protocol} trains with {', '.join(differ)} from {config}; leave them out of the config, or "
-                     f"--set them, for its paper's values")
-    return notes
+    return [f"{section['name']}'s protocol options in {config} that {protocol} does not have are left out: "
+            f"{', '.join(left)}"] if left else []
+
+
+def _paper_training_notes(cfg, config: str, sets: list[str]) -> list[str]:
+    """``train`` values a config file sets (not ``--set``) that differ from the ones the paper of the
+    protocol ``--protocol`` chose uses: the file's win, which may not be what the switch meant."""
+    from .config import read_yaml
+    from .protocols import protocol_class
+
+    given = read_yaml(config).get("train")
+    set_here = {assignment.split("=", 1)[0] for assignment in sets}
+    paper = protocol_class(cfg.protocol_name).paper_training(cfg.model.name, cfg.train.optimizer)
+    differ = [key for key, value in paper.items() if isinstance(given, dict) and key in given
+              and getattr(cfg.train, key) != value and not set_here & {"train", f"train.{key}"}]
+    if not differ:
+        return []
+    return [f"{cfg.protocol_name} trains with {', '.join(f'train.{k} = {getattr(cfg.train, k):g}' for k in differ)} "
+            f"from {config}; its paper's {'values are' if len(differ) > 1 else 'value is'} "
+            f"{', '.join(f'{paper[k]:g}' for k in differ)} (remove {'them' if len(differ) > 1 else 'it'} from "
+            f"{config} or --set {' --set '.join(f'train.{k}={paper[k]:g}' for k in differ)})"]
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -76,8 +83,10 @@ def _run(args: argparse.Namespace) -> int:
     from .runner import prepare, unread_settings
 
     overrides = [f"{key}={value}" for flag, key in _FLAGS.items() if (value := getattr(args, flag)) is not None]
-    notes = _switched_protocol(args.config, args.protocol, overrides, list(args.set or []))
+    notes = _switched_protocol(args.config, args.protocol, overrides)
     cfg = load_config(args.config, overrides + list(args.set or []))
+    if args.config and args.protocol:
+        notes += _paper_training_notes(cfg, args.config, list(args.set or []))
     for note in notes + unread_settings(cfg):
         print(f"fedgl: note: {note}", file=sys.stderr)
     job = prepare(cfg, args.out, resume=args.resume, overwrite=args.overwrite)

@@ -24,13 +24,13 @@ DEFAULT_PROTOCOL = "fedavg"
 # registry installs the validator when ``fedgl.protocols`` is imported (``fedgl`` does so), so this
 # module needs nothing from the protocols above it.
 _protocol_options: Callable[[dict[str, Any]], BaseModel] | None = None
-_training_defaults: Callable[[str, str], dict[str, Any]] | None = None
+_training_defaults: Callable[[str, str, str], dict[str, Any]] | None = None
 
 
 def register_protocol_options(validate: Callable[[dict[str, Any]], BaseModel],
-                              training: Callable[[str, str], dict[str, Any]]) -> None:
-    """``validate`` checks a protocol section; ``training(protocol, model)`` gives the ``train`` settings
-    the protocol's paper uses where they differ from the shared defaults."""
+                              training: Callable[[str, str, str], dict[str, Any]]) -> None:
+    """``validate`` checks a protocol section; ``training(protocol, model, optimizer)`` gives the
+    ``train`` settings the protocol's paper uses where they differ from the shared defaults."""
     global _protocol_options, _training_defaults
     _protocol_options, _training_defaults = validate, training
 
@@ -151,13 +151,18 @@ class RunConfig(Section):
     @model_validator(mode="after")
     def _paper_training(self):
         """``train`` settings the config leaves unset take the protocol's paper values where it has its
-        own (FedAAS: Adam 0.001 without decay; nFedGNN and CNFGNN with GCN: 0.1). The shared defaults
-        suit full-batch GCN training; FedAAS's ten fresh-Adam steps per round at 0.01 keep it near
-        chance on CiteSeer."""
-        paper = _training_defaults(self.protocol_name, self.model.name) if _training_defaults else {}
-        for key, value in paper.items():
-            if key not in self.train.model_fields_set:
-                setattr(self.train, key, value)
+        own (FedAAS with Adam: 0.001 without decay; nFedGNN and CNFGNN with GCN and Adam: 0.1), else the
+        shared defaults, which suit full-batch GCN training (FedAAS's ten fresh-Adam steps per round at
+        0.01 with decay 5e-4 left it at chance on CiteSeer). They stay unset, so a config made from this
+        one with another protocol or model takes that one's values; the given ``train`` is not changed."""
+        given = self.train.model_fields_set
+        paper = _training_defaults(self.protocol_name, self.model.name, self.train.optimizer) \
+            if _training_defaults else {}
+        unset = {key: paper.get(key, field.default) for key, field in TrainConfig.model_fields.items()
+                 if key not in given}
+        if any(getattr(self.train, key) != value for key, value in unset.items()):
+            self.__dict__["train"] = TrainConfig.model_construct(  # not an assignment: no re-validation
+                _fields_set=set(given), **self.train.model_dump(include=given), **unset)
         return self
 
     @property

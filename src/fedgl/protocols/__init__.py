@@ -50,8 +50,8 @@ def protocol_options(section: dict[str, Any]) -> BaseModel:
         raise ConfigError(describe(err, prefix="protocol.")) from None
 
 
-def training_defaults(protocol: str, model: str) -> dict[str, Any]:
-    return protocol_class(protocol).paper_training(model)
+def training_defaults(protocol: str, model: str, optimizer: str) -> dict[str, Any]:
+    return protocol_class(protocol).paper_training(model, optimizer)
 
 
 register_protocol_options(protocol_options, training_defaults)

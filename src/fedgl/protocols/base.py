@@ -34,9 +34,9 @@ class Protocol:
     on_device: ClassVar[tuple[str, ...]] = ()  # server attributes its compute on ``device`` reads
 
     @classmethod
-    def paper_training(cls, model: str) -> dict[str, Any]:
+    def paper_training(cls, model: str, optimizer: str) -> dict[str, Any]:
         """``train`` settings of the protocol's paper that differ from the shared defaults, for backbone
-        ``model``; a config that leaves them unset gets these (``RunConfig``)."""
+        ``model`` and ``optimizer``; a config that leaves them unset gets these (``RunConfig``)."""
         return {}
 
     def __init__(self, cfg: RunConfig, transport: Transport):

@@ -594,8 +594,9 @@ class FedAAS(Protocol):
     Options = FedAASOptions
 
     @classmethod
-    def paper_training(cls, model: str) -> dict[str, Any]:
-        return {"lr": 0.001, "weight_decay": 0.0}  # §7.1: Adam at 0.001, "weight decay to be zero"
+    def paper_training(cls, model: str, optimizer: str) -> dict[str, Any]:
+        # §7.1: Adam at 0.001, "weight decay to be zero"
+        return {"lr": 0.001, "weight_decay": 0.0} if optimizer == "adam" else {}
 
     def build(self, num_features: int, num_classes: int) -> None:
         o = self.opts

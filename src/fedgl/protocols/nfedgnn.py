@@ -146,8 +146,9 @@ class NFedGNN(Protocol):
     on_device = ("train_idx", "y_train", "graph", "latents")
 
     @classmethod
-    def paper_training(cls, model: str) -> dict[str, Any]:
-        return {"lr": 0.1} if str(model).lower() == "gcn" else {}  # §5: GCN at 0.1; GAT at 0.01, the shared default
+    def paper_training(cls, model: str, optimizer: str) -> dict[str, Any]:
+        # §5: Adam, GCN at 0.1; GAT at 0.01, the shared default
+        return {"lr": 0.1} if str(model).lower() == "gcn" and optimizer == "adam" else {}
 
     # ---- setup --------------------------------------------------------------------------------------
     def build(self, num_features: int, num_classes: int) -> None:
