@@ -456,6 +456,9 @@ def test_another_protocol_notes_training_values_its_paper_does_not_use(capsys, t
         assert main(["run", str(config), *TINY, "--out", str(tmp_path / "b"), "--overwrite", "--protocol", "nfedgnn",
                      *setting]) == 0
         assert "its paper's" not in capsys.readouterr().err
+    config.write_text("protocol:\n  name: nfedgnn\ntrain:\n  lr: 0.01\n")  # no switch: the file's own choice
+    assert main(["run", str(config), *TINY, "--out", str(tmp_path / "b"), "--overwrite", "--protocol", "nfedgnn"]) == 0
+    assert "its paper's" not in capsys.readouterr().err
     config.write_text("protocol:\n  name: fedavg\n")
     assert main(["run", str(config), *TINY, "--out", str(tmp_path / "c"), "--protocol", "nfedgnn"]) == 0
     assert "its paper's" not in capsys.readouterr().err

@@ -59,12 +59,16 @@ def _switched_protocol(config: str | None, protocol: str | None, overrides: list
 
 
 def _paper_training_notes(cfg, config: str, sets: list[str]) -> list[str]:
-    """``train`` values a config file sets (not ``--set``) that differ from the ones the paper of the
-    protocol ``--protocol`` chose uses: the file's win, which may not be what the switch meant."""
-    from .config import read_yaml
+    """``train`` values a config file sets (and ``--set`` does not) that differ from the paper values of
+    the protocol ``--protocol`` switched to: the file's values win, which the switch may not have meant."""
+    from .config import DEFAULT_PROTOCOL, read_yaml
     from .protocols import protocol_class
 
-    given = read_yaml(config).get("train")
+    data = read_yaml(config)
+    section = data.get("protocol") if isinstance(data.get("protocol"), dict) else {}
+    if str(section.get("name", DEFAULT_PROTOCOL)).lower() == cfg.protocol_name:
+        return []  # no switch: the file's values were chosen for this protocol
+    given = data.get("train")
     set_here = {assignment.split("=", 1)[0] for assignment in sets}
     paper = protocol_class(cfg.protocol_name).paper_training(cfg.model.name, cfg.train.optimizer)
     differ = [key for key, value in paper.items() if isinstance(given, dict) and key in given
