@@ -29,8 +29,10 @@ Groups:
 ``--only GROUP`` (repeatable) runs some groups and keeps the others' last rows in perf.json.
 
 ``--device cuda`` (or ``cuda:N``) runs every fedgl run with ``device: cuda`` and the plain PyG references
-on the same GPU (each timed step waits for the GPU to finish), and adds each process's peak GPU memory;
-it writes ``perf-cuda.json`` and ``perf-cuda.md`` beside the CPU pass, which it leaves alone.
+on the same GPU (each timed step waits for the GPU to finish), and adds the scale, synthetic and
+FedGNN-G groups' peak GPU memory; the peer targets and the Physics address-space cap are the CPU
+machine's and are left out. It writes ``perf-cuda.json`` and ``perf-cuda.md`` beside the CPU pass,
+which it leaves alone.
 """
 
 from __future__ import annotations
