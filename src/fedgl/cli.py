@@ -68,11 +68,11 @@ def _paper_training_notes(cfg, config: str, sets: list[str]) -> list[str]:
     section = data.get("protocol") if isinstance(data.get("protocol"), dict) else {}
     if str(section.get("name", DEFAULT_PROTOCOL)).lower() == cfg.protocol_name:
         return []  # no switch: the file's values were chosen for this protocol
-    given = data.get("train")
+    given = data.get("train") if isinstance(data.get("train"), dict) else {}
     set_here = {assignment.split("=", 1)[0] for assignment in sets}
     paper = protocol_class(cfg.protocol_name).paper_training(cfg.model.name, cfg.train.optimizer)
-    differ = [key for key, value in paper.items() if isinstance(given, dict) and key in given
-              and getattr(cfg.train, key) != value and not set_here & {"train", f"train.{key}"}]
+    differ = [key for key, value in paper.items() if key in given and getattr(cfg.train, key) != value
+              and not set_here & {"train", f"train.{key}"}]
     if not differ:
         return []
     return [f"{cfg.protocol_name} trains with {', '.join(f'train.{k} = {getattr(cfg.train, k):g}' for k in differ)} "
