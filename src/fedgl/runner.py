@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import pickle
 import shutil
 import signal
 import threading
@@ -25,7 +24,7 @@ from .comm.shard_file import EVALUATOR_PARTY
 from .config import RunConfig
 from .data import load_dataset
 from .errors import ConfigError, PartyFailure, RunFailed
-from .files import write_atomically
+from .files import load_tensors, write_atomically
 from .evaluation import Evaluator
 from .protocols import protocol_class
 from .progress import RunProgress
@@ -148,7 +147,8 @@ class Run:
         if not b.shards:
             data = data if data is not None else load_data(cfg)
         options = ({"address": b.address, "actors": b.actors, "connect_timeout_s": b.connect_timeout_s,
-                    "nodes": {name: p.node for name, p in b.parties.items() if p.node}} if b.name == "ray" else {})
+                    "nodes": {name: p.node for name, p in b.parties.items() if p.node}, "auth": b.ray_auth}
+                   if b.name == "ray" else {})
         self.transport = make_transport(b.name, NetworkModel(**cfg.network.model_dump()), cfg.device, **options)
         self.recorder = None
         try:  # a run refused from here on stops the parties it started (a notebook's Ray stays clean)
@@ -218,14 +218,7 @@ class Run:
         path = self.out_dir / CHECKPOINT
         if not path.exists():
             return False
-        try:
-            state = torch.load(path, weights_only=True, map_location="cpu")
-        except Exception as err:  # any unreadable file: torn, truncated, foreign
-            if isinstance(err, pickle.UnpicklingError) and "GLOBAL" in str(err):  # a class or function by name
-                raise ConfigError(f"cannot resume: {path} holds objects other than tensors and plain data; "
-                                  f"refusing to load it") from None
-            raise ConfigError(f"cannot resume: {path} is not a readable fedgl checkpoint "
-                              f"({type(err).__name__})") from None
+        state = load_tensors(path, "cannot resume: the checkpoint")  # any unreadable file: torn, truncated, foreign
         if not isinstance(state, dict) or state.get("format") != "fedgl-checkpoint-2":
             raise ConfigError(f"cannot resume: {path} is not a fedgl checkpoint")
         if state["config_hash"] != config_hash(self.cfg):
