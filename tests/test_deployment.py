@@ -122,19 +122,41 @@ def test_partition_command_and_one_line_errors(tmp_path, capsys, monkeypatch):
                  "--set", f"backend.shards={shards}", "--out", str(tmp_path / "r2")])
     err = capsys.readouterr().err  # the manifest's hash catches the swap before anything is read
     assert code == 2 and "client1.pt" in err and "SHA-256" in err and len(err.strip().splitlines()) == 1
-    with pytest.raises(ConfigError, match="holds objects other than tensors"):  # and unpickling refuses code
-        load_party(shards / "client1.pt", "fedgl.protocols.fedavg:FedAvgClient")
+    hostile = hashlib.sha256((shards / "client1.pt").read_bytes()).hexdigest()
+    with pytest.raises(ConfigError, match="holds objects other than tensors"):  # a manifest swapped too: unpickling
+        load_party(shards / "client1.pt", "fedgl.protocols.fedavg:FedAvgClient", hostile)  # still refuses code
     assert not marker.exists()
     assert main(["run", "--set", f"backend.shards={tmp_path / 'nowhere'}", "--quiet",
                  "--out", str(tmp_path / "r3")]) == 2
     assert "fedgl partition" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("file", ["evaluator.pt", "server.pt"])
+def test_a_tampered_evaluator_or_server_file_is_refused_with_one_line(file, tmp_path, capsys, monkeypatch):
+    """Tensors and plain data still, but not what was partitioned (labels flipped, a state changed):
+    the manifest's SHA-256 refuses the file before it is loaded."""
+    shards = tmp_path / "shards"
+    write_shards(build_config(settings("fedavg")), shards)
+    saved = torch.load(shards / file, weights_only=True)
+    if file == "evaluator.pt":
+        saved["y"] = (saved["y"] + 1) % saved["num_classes"]
+    else:
+        saved["rng"] = torch.zeros_like(saved["rng"])
+    torch.save(saved, shards / file)
+    forbid_dataset(monkeypatch)
+    code = main(["run", "--set", "partition.num_clients=3", "--set", "protocol.group_size=1", "--quiet",
+                 "--set", "dataset.options.num_nodes=150", "--set", "train.rounds=2",
+                 "--set", "network.compute=ignore", "--set", f"backend.shards={shards}", "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and str(shards / file) in err and "SHA-256" in err, err
+    assert not (tmp_path / "r" / "metrics.jsonl").exists()
+
+
 def test_a_party_file_from_another_party_class_is_refused(tmp_path):
     manifest = write_shards(build_config(settings("fedavg")), tmp_path / "shards")
-    path = tmp_path / "shards" / manifest["parties"][0]["file"]
+    party = manifest["parties"][0]
     with pytest.raises(ConfigError, match="the manifest says"):
-        load_party(path, "fedgl.protocols.glasu:GlasuClient")
+        load_party(tmp_path / "shards" / party["file"], "fedgl.protocols.glasu:GlasuClient", party["sha256"])
 
 
 # ---- a two-node Ray cluster on loopback ----------------------------------------------------------
@@ -191,7 +213,7 @@ def private_fingerprints(shards: Path) -> set[str]:
 
     out: set[str] = set()
     for party in json.loads((shards / MANIFEST).read_text())["parties"]:
-        _, kwargs = load_party(shards / party["file"], party["class"])
+        _, kwargs = load_party(shards / party["file"], party["class"], party["sha256"])
 
         def walk(value) -> None:
             if isinstance(value, dict):
