@@ -106,6 +106,9 @@ class BackendConfig(Section):
         "per party (by name; `evaluator` is the scoring harness): the node it is pinned to and its shard file"))
     address: str | None = Field(None, description="an existing Ray cluster; default starts a local one")
     connect_timeout_s: float = Field(30.0, gt=0, description="how long to wait for the Ray cluster at address")
+    ray_auth: Literal["token", "none"] = Field("token", description=(
+        "token: the Ray a run starts or joins must enforce Ray's token authentication (RAY_AUTH_MODE=token); "
+        "none: allow one without it, where anyone who reaches its ports can run code and read every party"))
     actors: int | None = Field(None, ge=1, description="Ray actors hosting the clients; default one per core")
     on_client_failure: Literal["stop", "retry", "skip"] = Field("stop", description=(
         "a lost party: stop (resumable), retry (recreate it and restart from the last checkpoint), or skip "
