@@ -329,7 +329,8 @@ class Run:
         if policy == "retry" and self.retries < self.cfg.backend.max_retries and checkpoint.exists():
             self.retries += 1
             self.transport.revive(failure.parties)
-            self.resume()
+            self.protocol.start()  # keys are never checkpointed: the revived parties' are new, agree them again
+            self.resume()  # (the checkpoint's ledger and clock replace this exchange's traffic)
             return self.start_round
         self.write(self.summarize(wall) | {"finished": False})
         how = (f"continue with the same command and --out {self.out_dir} --resume" if checkpoint.exists()
