@@ -168,12 +168,13 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def cluster():
-    """`ray start --head` and a second `ray start` node on this machine, with token authentication;
-    each node carries a custom resource (node_a, node_b) that parties are pinned by."""
+    """`ray start --head` and a second `ray start` node on this machine, on loopback, with token
+    authentication; each node carries a custom resource (node_a, node_b) that parties are pinned by."""
     pytest.importorskip("ray")
     if shutil.which("ray") is None:
         pytest.skip("the ray command is not installed")
-    env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16), RAY_USAGE_STATS_ENABLED="0")
+    env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16), RAY_USAGE_STATS_ENABLED="0",
+               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")  # Ray's switch that keeps a one-machine cluster on loopback
     port = _free_port()
     common = ["--block", "--node-ip-address=127.0.0.1", "--num-cpus=1", "--disable-usage-stats"]
     procs = [subprocess.Popen(["ray", "start", "--head", f"--port={port}", "--include-dashboard=false",
@@ -271,7 +272,8 @@ def cluster_runs(cluster, tmp_path_factory) -> dict[str, tuple[dict, set[str], P
     spec.write_text(json.dumps(jobs))
     driver = Path(__file__).parent / "support" / "deploy_driver.py"
     done = subprocess.run([sys.executable, str(driver), str(spec)], capture_output=True, text=True, timeout=600,
-                          env={**env, "PYTHONPATH": str(Path(__file__).parents[1])})
+                          env={**env, "PYTHONPATH": os.pathsep.join(
+                              [str(Path(__file__).parents[1]), *filter(None, [env.get("PYTHONPATH")])])})
     assert done.returncode == 0, done.stderr[-3000:]
     return {label: (json.loads((folder / "report.json").read_text()), private_fingerprints(folder / "shards"), folder)
             for label, folder in out.items()}
