@@ -16,7 +16,8 @@ from fedgl.config import build_config
 from fedgl.data import load_dataset
 from fedgl.errors import ConfigError
 from fedgl.privacy import record
-from fedgl.privacy.audit import RoutedSums, audit_run, calls, contributing_members, ground_truth, least_squares_rows
+from fedgl.audit import audit_run, ground_truth
+from fedgl.privacy.attacks import RoutedSums, calls, contributing_members, least_squares_rows
 from fedgl.privacy.record import MessageRecorder, read_messages
 from fedgl.runner import Run, run
 
@@ -236,6 +237,8 @@ def test_audit_command_writes_the_report(tmp_path, capsys):
     assert main(["audit", str(tmp_path), "--json", "--data-root", str(tmp_path)]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed == json.loads((tmp_path / "audit.json").read_text())
-    assert set(printed["attacks"]) == {"raw_row_match", "reconstruction", "membership", "labels"}
+    assert set(printed["attacks"]) == {"raw_row_match", "reconstruction", "membership", "masking", "labels",
+                                       "noise_replay"}
+    assert printed["flagged"] == []  # LLCG's rows and labels go to the server by design
     assert main(["audit", str(tmp_path)]) == 0
     assert "raw_row_match" in capsys.readouterr().out
