@@ -126,6 +126,7 @@ def test_raw_row_match_finds_nothing_where_rows_never_leave(tmp_path, name):
     raw = attacks["raw_row_match"]
     assert raw["attacked"] > 0 and raw["recovered"] == 0, raw["notes"]
     assert attacks["labels"]["recovered"] == 0 and not attacks["labels"]["details"]
+    assert json.loads((tmp_path / "audit.json").read_text())["flagged"] == []
 
 
 def test_llcg_rows_and_training_labels_reach_the_server_and_nowhere_else(tmp_path):
@@ -153,6 +154,9 @@ def test_single_row_sums_leave_only_when_min_aggregate_allows_them(tmp_path, min
         assert attacks["raw_row_match"]["recovered"] > 0  # a one-row sum is the row itself
     else:
         assert membership["recovered"] == 0 and attacks["raw_row_match"]["recovered"] == 0
+    flagged = {f["attack"] for f in json.loads((tmp_path / "audit.json").read_text())["flagged"]}
+    # without dropout the sums also solve for rows (reconstruction), whatever min_aggregate
+    assert flagged - {"reconstruction"} == ({"membership", "raw_row_match"} if min_aggregate == 1 else set())
 
 
 def test_a_sum_whose_other_members_dropped_out_holds_one_row():
