@@ -29,8 +29,8 @@ def dp_variants(sigmas: tuple[float, ...], secure: bool = True) -> list[Variant]
     """Plain, optionally secure aggregation, and DP at every noise multiplier in ``sigmas``."""
     dp = [Variant(f"dp sigma={s:g}", {"privacy.dp": {"noise_multiplier": s, "max_norm": MAX_NORM, "delta": DELTA}})
           for s in sigmas]
-    return [Variant("plain"), *([Variant("secure aggregation", {"privacy.secure_aggregation": True})] if secure else []),
-            *dp]
+    secured = [Variant("secure aggregation", {"privacy.secure_aggregation": True})] if secure else []
+    return [Variant("plain"), *secured, *dp]
 
 
 def dp_columns(summary: dict[str, Any]) -> dict[str, Any]:

@@ -52,6 +52,19 @@ def readings(t: Tensor) -> list[Tensor]:
     return read + [read[0] / FIXED_POINT] if t.dtype == torch.int64 else read
 
 
+Flow = tuple[str, str, str]  # (sender, receiver, method)
+
+
+def flow_list(counts: Counter[Flow], key: str) -> list[dict[str, Any]]:
+    """The flows of ``counts`` as report entries, each with its count under ``key``."""
+    return [{"sender": s, "receiver": r, "method": m, key: n} for (s, r, m), n in sorted(counts.items())]
+
+
+def describe(flows: list[dict[str, Any]], key: str, unit: str = "") -> str:
+    """``sender->receiver method (count)`` for every flow, for a report's notes."""
+    return ", ".join(f"{f['sender']}->{f['receiver']} {f['method']} ({f[key]}{unit})" for f in flows)
+
+
 def calls(messages: Iterable[Message]) -> Iterable[tuple[Message | None, Message]]:
     """Every message with, for a reply, the request of the same call (None for a request)."""
     pending: dict[str, Message] = {}
@@ -128,7 +141,7 @@ class RawRowMatch:
         self.index = {w: RowIndex(r) for w, r in rows.items()}
         self.nonzero = {w: (r != 0).any(1) for w, r in rows.items()}
         self.found = {w: torch.zeros(r.size(0), dtype=torch.bool) for w, r in rows.items()}
-        self.hits: Counter[tuple[str, str, str]] = Counter()
+        self.hits: Counter[Flow] = Counter()
 
     def add(self, msg: Message) -> None:
         for t in (v for tensor in msg.tensors.values() for v in readings(tensor)):
@@ -146,11 +159,10 @@ class RawRowMatch:
     def result(self) -> AttackResult:
         attacked = sum(int(m.sum()) for m in self.nonzero.values())
         recovered = sum(int((f & self.nonzero[w]).sum()) for w, f in self.found.items())
-        flows = [{"sender": s, "receiver": r, "method": m, "rows": n} for (s, r, m), n in sorted(self.hits.items())]
+        flows = flow_list(self.hits, "rows")
         relayed = sum(n for (s, _, _), n in self.hits.items() if s == SERVER)
         notes = ("no raw feature row in any message" if not flows else
-                 "raw rows in " + ", ".join(f"{f['sender']}->{f['receiver']} {f['method']} ({f['rows']})"
-                                            for f in flows) + (f"; {relayed} relayed by the server" if relayed else ""))
+                 "raw rows in " + describe(flows, "rows") + (f"; {relayed} relayed by the server" if relayed else ""))
         return AttackResult("raw_row_match", attacked, recovered, notes, {"flows": flows})
 
 
@@ -327,7 +339,7 @@ class FixedPointCheck:
 
     def __init__(self):
         self.seen = 0
-        self.readable: Counter[tuple[str, str, str]] = Counter()
+        self.readable: Counter[Flow] = Counter()
 
     def add(self, msg: Message) -> None:
         if msg.sender == SERVER:
@@ -342,8 +354,7 @@ class FixedPointCheck:
                     self.readable[(msg.sender, msg.receiver, msg.method)] += 1
 
     def result(self) -> AttackResult:
-        flows = [{"sender": s, "receiver": r, "method": m, "payloads": n} for (s, r, m), n in sorted(self.readable.items())]
-        notes = ("no fixed-point payload" if not self.seen else
-                 f"{self.seen} fixed-point payloads, " + ("all masked" if not flows else "readable (masks missing) in " +
-                 ", ".join(f"{f['sender']}->{f['receiver']} {f['method']} ({f['payloads']})" for f in flows)))
+        flows = flow_list(self.readable, "payloads")
+        notes = ("no fixed-point payload" if not self.seen else f"{self.seen} fixed-point payloads, " +
+                 ("all masked" if not flows else "readable (masks missing) in " + describe(flows, "payloads")))
         return AttackResult("masking", self.seen, sum(self.readable.values()), notes, {"flows": flows})

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .attacks import AttackResult
+from .attacks import AttackResult, Flow, describe, flow_list
 from .record import Message
 
 MIN_LABELS = 16
@@ -88,7 +88,7 @@ class LabelLeak:
         self.nodes = nodes
         self.y = y
         self.num_classes = num_classes
-        self.flows: Counter[tuple[str, str, str]] = Counter()
+        self.flows: Counter[Flow] = Counter()
         self.exposed = torch.zeros(y.numel(), dtype=torch.bool)
 
     def _resolve(self, ids: Tensor, parties: tuple[str, ...]) -> Iterator[Tensor]:
@@ -140,11 +140,11 @@ class LabelLeak:
                         break
 
     def result(self, masks: dict[str, Tensor]) -> AttackResult:
-        flows = [{"sender": s, "receiver": r, "method": m, "labels": n} for (s, r, m), n in sorted(self.flows.items())]
+        flows = flow_list(self.flows, "labels")
         splits = {name: int((self.exposed & mask).sum()) for name, mask in masks.items()}
         if not flows:
             return AttackResult("labels", int(self.y.numel()), 0, "no labels in any message")
         resolved = int(self.exposed.sum())
-        notes = ", ".join(f"{f['sender']}->{f['receiver']} {f['method']} ({f['labels']} values)" for f in flows)
-        notes += "; nodes named: " + (", ".join(f"{k} {v}" for k, v in splits.items()) if resolved else "not resolved")
+        named = ", ".join(f"{k} {v}" for k, v in splits.items()) if resolved else "not resolved"
+        notes = describe(flows, "labels", " values") + "; nodes named: " + named
         return AttackResult("labels", int(self.y.numel()), resolved, notes, {"flows": flows, "splits": splits})

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from ..comm.ledger import SERVER
-from .attacks import AttackResult
+from .attacks import AttackResult, Flow, describe, flow_list
 from .record import Message
 
 SIGMAS, MIN_CORRELATION, MIN_ENTRIES = 8.0, 0.05, 64
@@ -72,7 +72,7 @@ class NoiseReplay:
 
     seeds: list[int]
     senders: dict[str, Sender] = field(default_factory=dict)
-    hits: Counter = field(default_factory=Counter)  # (sender, receiver, method) -> entries de-noised
+    hits: Counter[Flow] = field(default_factory=Counter)  # payloads whose noise was replayed, by flow
     attacked: int = 0
 
     def _try(self, gen: torch.Generator, t: Tensor) -> Tensor | None:
@@ -111,11 +111,10 @@ class NoiseReplay:
                        {**msg.tensors, **clean}, msg.values)
 
     def result(self) -> AttackResult:
-        flows = [{"sender": s, "receiver": r, "method": m, "payloads": n} for (s, r, m), n in sorted(self.hits.items())]
+        flows = flow_list(self.hits, "payloads")
         if not self.attacked:
             return AttackResult("noise_replay", 0, 0, "no noised payload to replay (no DP, or none sent)")
         notes = ("no payload's noise is drawn from a stream the config seed gives" if not flows else
-                 "noise replayed from the config seed in " +
-                 ", ".join(f"{f['sender']}->{f['receiver']} {f['method']} ({f['payloads']})" for f in flows))
+                 "noise replayed from the config seed in " + describe(flows, "payloads"))
         return AttackResult("noise_replay", self.attacked, sum(self.hits.values()), notes,
                             {"flows": flows, "seeds_tried": len(self.seeds)})
