@@ -1,7 +1,8 @@
 """`fedgl audit` must fail a run whose protection is broken: each test breaks one protection in a tiny
 recorded run (masks replaced by zeros, a participant list naming a client twice, labels sent as an
 embedding, DP noise drawn from the config seed) and checks that the audit flags it, and that the same
-run with the protection intact is not flagged, so removing the check from the audit fails the test."""
+run with the protection intact is not flagged, so removing the check from the audit fails the test.
+FedAAS's masked model uploads are checked the same way."""
 
 from __future__ import annotations
 
@@ -132,3 +133,17 @@ def test_noise_replayed_from_the_config_seed_is_flagged(tmp_path, capsys, monkey
         assert code == 0 and not report["flagged"] and replay["recovered"] == 0
     else:
         assert code == 1 and flagged(report) == {"noise_replay"} and replay["recovered"] == replay["attacked"]
+
+
+# ---- FedAAS's masked model uploads ------------------------------------------------------------------
+def test_fedaas_model_uploads_read_as_masked_and_zero_masks_as_values(tmp_path, capsys, monkeypatch):
+    cfg = config({"name": "fedaas", "widths": [FEATURES, FEATURES], "fanouts": [4, 4], "batches": 4,
+                  "interval_loss": "train"}, {"secure_aggregation": True})
+    del cfg["model"]  # FedAAS builds its model from its protocol section
+    code, clean = audit(cfg, tmp_path / "masked", capsys)
+    masking = clean["attacks"]["masking"]
+    assert code == 0 and masking["attacked"] > 0 and masking["recovered"] == 0
+
+    monkeypatch.setattr(secure_aggregation, "prg", lambda seed, size: torch.zeros(size, dtype=torch.int64))
+    code, broken = audit(cfg, tmp_path / "zeros", capsys)
+    assert code == 1 and broken["attacks"]["masking"]["recovered"] == masking["attacked"]
