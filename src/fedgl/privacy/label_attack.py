@@ -58,13 +58,13 @@ def label_fields() -> dict[str, tuple[set[str], set[str] | None]]:
 
 def as_labels(t: Tensor, num_classes: int) -> Tensor | None:
     """The labels ``t`` holds if it is a label vector or one-hot rows, else None."""
-    if t.is_complex() or not t.numel():
-        return None
+    if t.is_complex() or not t.numel() or not (t.dim() == 1 or t.dim() == 2 and t.size(1) == num_classes):
+        return None  # shapes first: a large payload of another shape is never converted
     v = (t.to_dense() if t.layout != torch.strided else t).double()
-    if v.dim() == 2 and v.size(1) == num_classes:
+    if v.dim() == 2:
         one_hot = bool(((v == 0) | (v == 1)).all()) and bool((v.sum(1) == 1).all())
         return v.argmax(1) if one_hot else None
-    if v.dim() != 1 or not bool((v == v.round()).all()) or v.min() < 0 or v.max() >= num_classes:
+    if not bool((v == v.round()).all()) or v.min() < 0 or v.max() >= num_classes:
         return None
     return v.long()
 
