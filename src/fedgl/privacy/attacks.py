@@ -144,7 +144,8 @@ class RawRowMatch:
         self.hits: Counter[Flow] = Counter()
 
     def add(self, msg: Message) -> None:
-        for t in (v for tensor in msg.tensors.values() for v in readings(tensor)):
+        wide = (t for t in msg.tensors.values() if t.dim() and t.size(-1) in self.index)  # read only these
+        for t in (v for tensor in wide for v in readings(tensor)):
             for w, index in self.index.items():
                 cand = message_rows(t, w)
                 if cand is None or not cand.numel():
