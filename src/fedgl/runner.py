@@ -37,8 +37,8 @@ CHECKPOINT = "checkpoint.pt"
 # ``device`` is left out of a run's identity too (a shard folder runs on any device), but a checkpoint
 # resumes only on the device it was made on (``Run.resume``).
 RESUMABLE_CHANGES = ("train.rounds", "checkpoint_every", "threads", "device", "backend.name", "backend.address",
-                     "backend.actors", "backend.shards", "backend.parties", "logging", "privacy.record_messages",
-                     "protocol.memory_budget_mb")
+                     "backend.actors", "backend.shards", "backend.parties", "backend.ray_auth", "logging",
+                     "privacy.record_messages", "protocol.memory_budget_mb")
 
 
 @dataclass

@@ -4,7 +4,7 @@
 their state, numpy arrays as tensors, containers and objects recursively) into what
 ``torch.load(weights_only=True)`` reads; ``restore`` loads them back into the freshly set-up party
 (same config, same data). An object's attributes its class names in ``secret_state`` are never
-converted: a secret (a private key) never reaches a file, and the live object keeps its own.
+converted, nor loaded: a secret (a private key) never reaches a file, and the live object keeps its own.
 """
 
 from __future__ import annotations
@@ -150,8 +150,10 @@ def _restore_tagged(current: Any, saved: dict) -> Any:
         if target is None:
             cls = own_class(saved["class"])
             target = cls.__new__(cls)
+        secret = secret_names(type(target))  # a file from before a secret was declared does not replace it
         for name, value in saved["attrs"].items():
-            object.__setattr__(target, name, restore(getattr(target, name, None), value))
+            if name not in secret:
+                object.__setattr__(target, name, restore(getattr(target, name, None), value))
         return target
     raise StateMismatch(f"unknown saved value {kind!r}")
 

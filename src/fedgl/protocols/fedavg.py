@@ -69,6 +69,8 @@ def private_reply(rows: torch.Tensor, start: torch.Tensor, num_train: torch.Tens
 
 
 class FedAvgClient(MaskedParty, Party):
+    secret_state = frozenset({"masker"})  # key pair and agreed secrets: never checkpointed, agreed again
+
     def __init__(self, name: str, seed: int, shard: Any, model: ModelConfig, train: TrainConfig | None,
                  num_features: int, num_classes: int, local_epochs: int, batch_size: int | None,
                  index: int = 0, privacy: PrivacyConfig | None = None):
@@ -106,6 +108,8 @@ class FedAvgGroup(Party):
     only what ``ClientGroupTrainer`` needs. The rows of every ``Rows`` payload are the members listed
     in ``users`` (all members when None), in that order.
     """
+
+    secret_state = frozenset({"maskers"})  # the members' key pairs and agreed secrets: never checkpointed
 
     def __init__(self, name: str, seed: int, members: list[dict[str, Any]], train: TrainConfig, local_epochs: int,
                  privacy: PrivacyConfig | None = None):

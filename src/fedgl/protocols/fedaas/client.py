@@ -51,6 +51,8 @@ def _rows(csr: CSR) -> Tensor:
 class FedAASClient(MaskedParty, HorizontalClient):
     """A FedAAS client: trains on its shard, keeps the history store, serves partials to others."""
 
+    secret_state = frozenset({"masker"})  # key pair and agreed secrets: never checkpointed, agreed again
+
     def __init__(self, name: str, seed: int, shard: Any, train: TrainConfig, num_features: int, num_classes: int,
                  opts: dict[str, Any], index: int = 0, privacy: PrivacyConfig | None = None):
         super().__init__(name, seed, shard, PLACEHOLDER, num_features, num_classes)

@@ -36,6 +36,8 @@ def dense_rows(h: Tensor, index: Tensor) -> Tensor:
 class CrossClient(MaskedParty, HorizontalClient):
     """A client holding one horizontal shard: trains on it and serves partial sums to others."""
 
+    secret_state = frozenset({"masker"})  # key pair and agreed secrets: never checkpointed, agreed again
+
     def __init__(self, name: str, seed: int, shard: Any, model: ModelConfig, train: TrainConfig,
                  num_features: int, num_classes: int, batch_size: int | None, fanouts: list[int],
                  min_aggregate: int = 2, remote_backprop: bool = False, privacy: PrivacyConfig | None = None,
