@@ -168,13 +168,12 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def cluster():
-    """`ray start --head` and a second `ray start` node on this machine, on loopback, with token
-    authentication; each node carries a custom resource (node_a, node_b) that parties are pinned by."""
+    """`ray start --head` and a second `ray start` node on this machine, with token authentication;
+    each node carries a custom resource (node_a, node_b) that parties are pinned by."""
     pytest.importorskip("ray")
     if shutil.which("ray") is None:
         pytest.skip("the ray command is not installed")
-    env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16), RAY_USAGE_STATS_ENABLED="0",
-               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")  # Ray's switch that keeps a one-machine cluster on loopback
+    env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16), RAY_USAGE_STATS_ENABLED="0")
     port = _free_port()
     common = ["--block", "--node-ip-address=127.0.0.1", "--num-cpus=1", "--disable-usage-stats"]
     procs = [subprocess.Popen(["ray", "start", "--head", f"--port={port}", "--include-dashboard=false",
