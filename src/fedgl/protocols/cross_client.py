@@ -59,7 +59,7 @@ from ..comm.payload import nbytes
 from ..config import ModelConfig, TrainConfig
 from ..errors import ConfigError
 from ..evaluation import Evaluator
-from ..models import Backbone, select_rows
+from ..models import Backbone, make_model, select_rows
 from ..models.graph import canonical_model_name, feature_dropout, feature_linear
 from ..partition import horizontal_from_config
 from ..privacy import PrivacyConfig
@@ -67,7 +67,7 @@ from ..privacy.dp import Accountant, ReleaseAccountant, clip, gaussian, noise_ge
 from ..privacy.secure_aggregation import (MaskedParty, MaskingClient, RequestMasking, decode, encode,
                                           exchange_keys, ring_sum)
 from ..sampling import CSR
-from ..optim import make_model, make_optimizer
+from ..optim import make_optimizer
 from .base import Protocol, ProtocolOptions
 from .horizontal_client import HorizontalClient, sample_hop
 from .routing import OWN, Assembly, Handles, LayerRoute, Router

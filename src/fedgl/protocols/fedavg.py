@@ -35,7 +35,7 @@ from ..privacy.secure_aggregation import MaskedParty, MaskingClient, decode, enc
 from ..errors import ConfigError, RunFailed
 from ..evaluation import Evaluator
 from ..partition import horizontal_from_config
-from ..optim import make_model
+from ..models import make_model
 from .local_training import LocalTrainer
 from .base import Protocol, ProtocolOptions
 
