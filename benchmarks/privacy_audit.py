@@ -23,6 +23,8 @@ import json
 import shutil
 from pathlib import Path
 
+from fedgl.tables import markdown_table
+
 OUT = Path(__file__).parent / "results" / "privacy-audit"
 HORIZONTAL = {"partition": {"num_clients": 10, "method": "metis"}}
 SWIFT_MODEL = {"name": "sage", "hidden": 64, "layers": 2, "dropout": 0.5}
@@ -104,6 +106,9 @@ def audit_all() -> list[dict]:
     return rows
 
 
+ATTACKS = ("raw_row_match", "reconstruction", "membership", "labels")  # the table's columns, in order
+
+
 def cell(attack: dict) -> str:
     return "-" if not attack["attacked"] else f"{attack['recovered']} / {attack['attacked']} ({attack['fraction']:.1%})"
 
@@ -115,14 +120,10 @@ def table(rows: list[dict]) -> str:
              "2,708 rows, or of a GLASU client's feature block); reconstruction: rows inside the server's "
              "input-layer sums recovered by least squares; single-row sums: input-layer sums (and FedAAS "
              "partials) holding one row; labels: nodes whose label reached a party not owning it.", "",
-             "| variant | rounds | raw rows | reconstruction | single-row sums | labels |", "|---|---|---|---|---|---|"]
-    for row in rows:
-        if "refused" in row:
-            lines.append(f"| {row['variant']} | - | refused: {row['refused']} | | | |")
-            continue
-        a = row["attacks"]
-        lines.append(f"| {row['variant']} | {row['rounds']} | {cell(a['raw_row_match'])} | {cell(a['reconstruction'])} "
-                     f"| {cell(a['membership'])} | {cell(a['labels'])} |")
+             *markdown_table(["variant", "rounds", "raw rows", "reconstruction", "single-row sums", "labels"],
+                             [[row["variant"], "-", f"refused: {row['refused']}", "", "", ""] if "refused" in row else
+                              [row["variant"], row["rounds"], *(cell(row["attacks"][attack]) for attack in ATTACKS)]
+                              for row in rows])]
     return "\n".join(lines) + "\n"
 
 

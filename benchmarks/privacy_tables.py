@@ -7,6 +7,8 @@ import json
 import statistics
 from pathlib import Path
 
+from fedgl.tables import markdown_table
+
 
 def mean_std(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
     values = [v * scale for v in values]
@@ -17,8 +19,7 @@ def mean_std(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
 def markdown_rows(entries: list[dict]) -> list[str]:
     """A markdown table of ``entries``, one row each, the first entry's keys as the header."""
     header = list(entries[0])
-    return (["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-            + ["| " + " | ".join(str(entry[h]) for h in header) + " |" for entry in entries])
+    return markdown_table(header, [[entry[h] for h in header] for entry in entries])
 
 
 def write_results(out: Path, rows: list[dict], summary: list[dict], markdown: str) -> None:
