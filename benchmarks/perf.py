@@ -215,7 +215,8 @@ def scale(quick: bool, place: Place = CPU) -> list[Measure]:
     gat = {"name": "gat", "hidden": 64, "layers": 2, "options": {"heads": 8}}
     gcn = {"name": "gcn", "hidden": 64, "layers": 2}
     per_round("nfedgnn GCN: one round of all 19,717 PubMed users",
-              place.config({"name": "nfedgnn"}, "pubmed", {**gcn, "hidden": 16}), None, "GCN 16 (examples/nfedgnn-cora.yaml)")
+              place.config({"name": "nfedgnn"}, "pubmed", {**gcn, "hidden": 16}), None,
+              "GCN 16 (examples/nfedgnn-cora.yaml)")
     per_round("nfedgnn GAT: one round of all 19,717 PubMed users", place.config({"name": "nfedgnn"}, "pubmed", gat),
               "<= 0.5", "GAT 8 heads x 8")
     clients = 100 if quick else 1000
@@ -401,7 +402,8 @@ def main(argv: list[str] | None = None) -> None:
         result["measures"] += rows
         print(f"{name}: {len(rows)} measures in {time.perf_counter() - started:.0f} s", flush=True)
         for row in rows:
-            print(f"  {row['name']}: {fmt(row['value'])} {row['unit']} {row['target'] or ''} {verdict(row)}", flush=True)
+            print(f"  {row['name']}: {fmt(row['value'])} {row['unit']} {row['target'] or ''} {verdict(row)}",
+                  flush=True)
     order = list(GROUPS)
     result["measures"].sort(key=lambda row: order.index(row["group"]) if row["group"] in order else len(order))
     json_path, md_path = write(result, args.out)

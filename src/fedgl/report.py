@@ -141,8 +141,8 @@ def report(folders: list[Path], out: Path | None, console: Console, html_path: P
     try:
         if out:
             out.mkdir(parents=True, exist_ok=True)
-            lines = markdown_table(["run", *COLUMNS.values()],
-                                   [[name, *(_fmt(key, s.get(key)) for key in COLUMNS)] for name, (s, _, _) in runs.items()])
+            lines = markdown_table(["run", *COLUMNS.values()], [[name, *(_fmt(key, s.get(key)) for key in COLUMNS)]
+                                                                for name, (s, _, _) in runs.items()])
             (out / REPORT_MD).write_text("\n".join(lines) + "\n")
             (out / REPORT_PNG).write_bytes(png)
             written += [out / REPORT_MD, out / REPORT_PNG]

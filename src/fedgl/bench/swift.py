@@ -251,11 +251,13 @@ def ratios(task_dir: str | Path) -> Path:
         values = [[r[c] for r in runs if r["variant"] == label and r[c] is not None] for c in columns]
         means[label] = [sum(v) / len(v) if v else None for v in values]
     header = ["variant", "MB per step", "cross-client MB per step", "cross-client MB per communicating iteration",
-              "FedGNN-G ÷ variant: total per step", "cross-client per step", "cross-client per communicating iteration"]
+              "FedGNN-G ÷ variant: total per step", "cross-client per step",
+              "cross-client per communicating iteration"]
     full = means.get("FedGNN-G")
-    lines = markdown_table(header, [[label, *(f"{v:.3f}" if v is not None else "—" for v in values),
-                                     *(f"{f / v:.2f}" if full and f and v else "—" for f, v in zip(full or values, values))]
-                                    for label, values in means.items()])
+    lines = markdown_table(header, [
+        [label, *(f"{v:.3f}" if v is not None else "—" for v in values),
+         *(f"{f / v:.2f}" if full and f and v else "—" for f, v in zip(full or values, values))]
+        for label, values in means.items()])
     path = task_dir / "ratios.md"
     path.write_text(f"# {task_dir.name}: bytes against FedGNN-G\n\n" + "\n".join(lines) + "\n")
     return path
