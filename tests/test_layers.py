@@ -181,15 +181,14 @@ def test_no_import_circles():
     assert not found, "import circles:\n" + "\n".join(found)
 
 
-@pytest.mark.xfail(strict=True, reason="comm.transport and comm.ray_transport import deployment, privacy.audit "
-                   "imports protocols; being fixed in comm/ and by moving privacy/audit.py to fedgl/audit.py")
+@pytest.mark.xfail(strict=True, reason="comm.transport and comm.ray_transport import deployment inside functions; "
+                   "being fixed in comm/ and deployment.py")
 def test_imports_point_down():
     found = upward_imports(import_graph())
     assert not found, "imports from a lower layer to a higher one:\n" + "\n".join(found)
 
 
-@pytest.mark.xfail(strict=True, reason="protocols/cross_client.py, protocols/fedaas.py, protocols/glasu.py are "
-                   "over 600 lines; being split in protocols/")
+@pytest.mark.xfail(strict=True, reason="protocols/glasu.py is 606 lines; being split in protocols/")
 def test_no_file_over_600_lines():
     found = long_files()
     assert not found, "files over 600 lines:\n" + "\n".join(found)
