@@ -188,7 +188,6 @@ def test_imports_point_down():
     assert not found, "imports from a lower layer to a higher one:\n" + "\n".join(found)
 
 
-@pytest.mark.xfail(strict=True, reason="protocols/glasu.py is 606 lines; being split in protocols/")
 def test_no_file_over_600_lines():
     found = long_files()
     assert not found, "files over 600 lines:\n" + "\n".join(found)
