@@ -124,7 +124,7 @@ def test_partition_command_and_one_line_errors(tmp_path, capsys, monkeypatch):
     assert code == 2 and "client1.pt" in err and "SHA-256" in err and len(err.strip().splitlines()) == 1
     hostile = hashlib.sha256((shards / "client1.pt").read_bytes()).hexdigest()
     with pytest.raises(ConfigError, match="holds objects other than tensors"):  # a manifest swapped too: unpickling
-        load_party(shards / "client1.pt", "fedgl.protocols.fedavg:FedAvgClient", hostile)  # still refuses code
+        load_party(shards / "client1.pt", "fedgl.protocols.fedavg.client:FedAvgClient", hostile)  # still refuses code
     assert not marker.exists()
     assert main(["run", "--set", f"backend.shards={tmp_path / 'nowhere'}", "--quiet",
                  "--out", str(tmp_path / "r3")]) == 2
@@ -156,7 +156,7 @@ def test_a_party_file_from_another_party_class_is_refused(tmp_path):
     manifest = write_shards(build_config(settings("fedavg")), tmp_path / "shards")
     party = manifest["parties"][0]
     with pytest.raises(ConfigError, match="the manifest says"):
-        load_party(tmp_path / "shards" / party["file"], "fedgl.protocols.glasu:GlasuClient", party["sha256"])
+        load_party(tmp_path / "shards" / party["file"], "fedgl.protocols.glasu.client:GlasuClient", party["sha256"])
 
 
 # ---- a two-node Ray cluster on loopback ----------------------------------------------------------

@@ -72,7 +72,7 @@ def ground_truth(cfg: RunConfig, data: Data) -> GroundTruth:
         nodes = {f"client{m}": shard.nodes for m, shard in enumerate(part.shards)}
     elif scenario == "vertical":
         from .partition import partition_vertical
-        from .protocols.glasu import vertical_blocks
+        from .protocols.glasu.options import vertical_blocks
 
         p = cfg.partition
         part = partition_vertical(data, p.num_clients, blocks=vertical_blocks(p), edge_keep=p.edge_keep,
@@ -124,7 +124,7 @@ def flagged(results: list[AttackResult], protocol: str) -> list[dict[str, Any]]:
 
 def audit_run(run_dir: Path, data_root: str | None = None) -> dict[str, Any]:
     """Audit the run in ``run_dir``; returns the report written to ``audit.json``."""
-    from .runner import load_data
+    from .data import load_data
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():

@@ -85,7 +85,8 @@ def server_state(protocol: Any) -> dict[str, Any]:
 
 def write_shards(cfg: RunConfig, out: Path, data: Data | None = None) -> dict[str, Any]:
     """Partition as a run of ``cfg`` would and write the shard folder ``out``; returns the manifest."""
-    from .runner import config_hash, load_data
+    from .config.identity import config_hash
+    from .data import load_data
 
     if protocol_class(cfg.protocol_name).scenario == "central":
         raise ConfigError(f"protocol {cfg.protocol_name} has no parties: there is nothing to partition")
@@ -138,7 +139,7 @@ def _check_buildable(cfg: RunConfig, facts: dict[str, int], state: dict[str, Any
 
 def read_manifest(folder: Path, cfg: RunConfig) -> dict[str, Any]:
     """The shard folder's manifest, which must come from this config (up to where and how it runs)."""
-    from .runner import config_hash
+    from .config.identity import config_hash
 
     path = folder / MANIFEST
     try:
@@ -147,10 +148,10 @@ def read_manifest(folder: Path, cfg: RunConfig) -> dict[str, Any]:
         raise ConfigError(f"backend.shards: {folder} has no {MANIFEST}; write it with `fedgl partition`") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ConfigError(f"backend.shards: {path} is not a readable manifest ({type(err).__name__})") from None
-    files = [manifest.get("server"), manifest.get("evaluator"), *manifest.get("parties", [])] \
-        if isinstance(manifest, dict) else []
-    if manifest.get("format") != FORMAT or not all(isinstance(f, dict) and {"file", "sha256"} <= set(f) for f in files):
-        raise ConfigError(f"backend.shards: {path} is not a fedgl shard manifest")
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or not all(
+            isinstance(f, dict) and {"file", "sha256"} <= set(f)
+            for f in [manifest.get("server"), manifest.get("evaluator"), *manifest.get("parties", [])]):
+        raise ConfigError(f"backend.shards: {path} is not a fedgl shard manifest")  # every file needs its digest
     if manifest["config_hash"] != config_hash(cfg):
         raise ConfigError(f"backend.shards: {folder} was partitioned with another config "
                           f"(protocol {manifest['protocol']} on {manifest['dataset']}); partition again with this one")
@@ -168,8 +169,6 @@ def shard_path(cfg: RunConfig, name: str, file: str) -> str:
 def deploy(cfg: RunConfig, transport: Transport) -> tuple[Any, Any]:
     """The server (a protocol with its state loaded) and the scoring harness of a run over
     ``backend.shards``; every party is made from its own file where it lives."""
-    from .runner import check_placements
-
     folder = Path(cfg.backend.shards or "")
     manifest = read_manifest(folder, cfg)
     check_placements(cfg.backend.parties, [party["name"] for party in manifest["parties"]])
@@ -190,3 +189,12 @@ def deploy(cfg: RunConfig, transport: Transport) -> tuple[Any, Any]:
     evaluator = transport.evaluator_from_file(shard_path(cfg, EVALUATOR_PARTY, manifest["evaluator"]["file"]),
                                               manifest["evaluator"]["sha256"])
     return protocol, evaluator
+
+
+def check_placements(placements: dict[str, Any], parties: list[str]) -> None:
+    """``backend.parties`` may name only the run's parties and the scoring harness: a misspelt name
+    would silently leave its party unpinned."""
+    unknown = sorted(set(placements) - set(parties) - {EVALUATOR_PARTY})
+    if unknown:
+        raise ConfigError(f"backend.parties: this run has no party {', '.join(unknown)}; it has "
+                          f"{', '.join([*parties, EVALUATOR_PARTY])}")
