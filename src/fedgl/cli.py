@@ -137,8 +137,11 @@ def _bench(args: argparse.Namespace) -> int:
     overrides = dict(parse_override(assignment) for assignment in args.set or [])
     task = get_task(args.task)
     out = Path(args.out) if args.out else Path("benchmarks") / "results" / task.name
+    if args.cluster and args.executor != "ray":
+        raise ConfigError("--cluster names the Ray cluster of --executor ray; add --executor ray")
     run_task(task, out, seeds=args.seeds, quick=args.quick, backend=args.backend, overrides=overrides,
-             only=args.only, rerun=args.rerun, console=console())
+             only=args.only, rerun=args.rerun, console=console(), jobs=args.jobs, executor=args.executor,
+             cluster=args.cluster)
     console().print(f"results: {out}")
     return 0
 
@@ -239,7 +242,15 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--list", action="store_true")
     b.add_argument("--seeds", type=int, help="seeds per variant (default: the task's)")
     b.add_argument("--quick", action="store_true", help="short smoke version of the task, one seed")
-    b.add_argument("--backend", choices=["local", "ray"])
+    b.add_argument("--backend", choices=["local", "ray"],
+                   help="where each run's parties live (backend.name): in the run's process, or on Ray actors")
+    b.add_argument("--jobs", type=int, metavar="N", help="runs at once, each in its own process (default: one "
+                   "after another here; with --executor ray: as many as the cluster takes)")
+    b.add_argument("--executor", choices=["processes", "ray"], help="where the runs go: worker processes on "
+                   "this machine (the default with --jobs) or Ray tasks of one CPU each, whose run folders "
+                   "come back here")
+    b.add_argument("--cluster", metavar="ADDRESS", help="the Ray cluster of --executor ray (default: a new "
+                   "local Ray on loopback)")
     b.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key in every run")
     b.add_argument("--out", help="results folder (default benchmarks/results/<task>)")
     b.add_argument("--only", action="append", metavar="LABEL",
