@@ -19,7 +19,9 @@ from fedgl.comm import rpc
 from fedgl.config import build_config
 from fedgl.errors import RunFailed
 from fedgl.privacy import secure_aggregation
-from fedgl.protocols import fedavg, nfedgnn
+from fedgl.protocols.fedavg.client import FedAvgClient
+from fedgl.protocols.fedavg.server import FedAvg
+from fedgl.protocols.node_level import nfedgnn
 from fedgl.runner import Run
 
 FEATURES = 16
@@ -72,13 +74,13 @@ def test_a_client_masking_with_itself_only_is_flagged(tmp_path, capsys, monkeypa
     code, clean = audit(FEDAVG_MASKED, tmp_path / "masked", capsys)
     assert code == 0 and not clean["flagged"] and clean["attacks"]["masking"]["attacked"] > 0
 
-    train_clients = fedavg.FedAvg.train_clients
+    train_clients = FedAvg.train_clients
 
     def twice(self, chosen, state, masking):  # a server asking one client to mask with itself twice
         one = chosen[:1]
         return train_clients(self, one, state, masking | {"participants": one.repeat(2)})
 
-    monkeypatch.setattr(fedavg.FedAvg, "train_clients", twice)
+    monkeypatch.setattr(FedAvg, "train_clients", twice)
     try:
         code, broken = audit(FEDAVG_MASKED, tmp_path / "twice", capsys)
     except RunFailed:  # the client refused the list: nothing left it unmasked
@@ -95,7 +97,7 @@ def test_labels_sent_as_an_embedding_are_flagged(tmp_path, capsys, monkeypatch):
     code, clean = audit(FEDAVG, tmp_path / "plain", capsys)
     assert code == 0 and not clean["flagged"]
 
-    train = fedavg.FedAvgClient.train
+    train = FedAvgClient.train
 
     @rpc(state="model", participants="index",
          returns={"state": "model", "num_train": "control", "loss": "control", "h": "embedding"})
@@ -103,7 +105,7 @@ def test_labels_sent_as_an_embedding_are_flagged(tmp_path, capsys, monkeypatch):
         y = self.trainer.y  # the client's labels, as one-hot rows of an "embedding"
         return train(self, state, participants, round_index) | {"h": F.one_hot(y, int(y.max()) + 1).float()}
 
-    monkeypatch.setattr(fedavg.FedAvgClient, "train", train_and_leak)
+    monkeypatch.setattr(FedAvgClient, "train", train_and_leak)
     code, broken = audit(FEDAVG, tmp_path / "leak", capsys)
     assert code == 1 and flagged(broken) == {"labels"}
     assert broken["attacks"]["labels"]["recovered"] > 0.5 * broken["attacks"]["labels"]["attacked"]

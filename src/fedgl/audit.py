@@ -72,7 +72,7 @@ def ground_truth(cfg: RunConfig, data: Data) -> GroundTruth:
         nodes = {f"client{m}": shard.nodes for m, shard in enumerate(part.shards)}
     elif scenario == "vertical":
         from .partition import partition_vertical
-        from .protocols.glasu import vertical_blocks
+        from .protocols.glasu.options import vertical_blocks
 
         p = cfg.partition
         part = partition_vertical(data, p.num_clients, blocks=vertical_blocks(p), edge_keep=p.edge_keep,

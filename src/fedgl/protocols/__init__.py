@@ -12,10 +12,10 @@ from ..errors import ConfigError
 
 REGISTRY: dict[str, str] = {
     "centralized": "fedgl.protocols.centralized:Centralized",
-    "fedavg": "fedgl.protocols.fedavg:FedAvg",
-    "glasu": "fedgl.protocols.glasu:Glasu",
-    "nfedgnn": "fedgl.protocols.nfedgnn:NFedGNN",
-    "cnfgnn": "fedgl.protocols.cnfgnn:CNFGNN",
+    "fedavg": "fedgl.protocols.fedavg.server:FedAvg",
+    "glasu": "fedgl.protocols.glasu.server:Glasu",
+    "nfedgnn": "fedgl.protocols.node_level.nfedgnn:NFedGNN",
+    "cnfgnn": "fedgl.protocols.node_level.cnfgnn:CNFGNN",
     "swift": "fedgl.protocols.horizontal.swift:SwiftFedGNN",
     "fedgnn-g": "fedgl.protocols.horizontal.swift:FedGNNG",
     "llcg": "fedgl.protocols.horizontal.llcg:LLCG",

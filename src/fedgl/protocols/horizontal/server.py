@@ -79,7 +79,6 @@ def mib(size: int) -> str:
     return f"{math.ceil(size / 2**20 * 100) / 100:.2f}"
 
 
-
 # ---- the protocol base ------------------------------------------------------------------------------
 class MiniBatchOptions(ProtocolOptions):
     batch_size: int | None = Field(256, ge=1, description="training nodes per client per iteration; null = all")
