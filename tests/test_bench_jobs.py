@@ -102,3 +102,12 @@ def test_the_party_backend_and_the_executor_are_not_mixed(tmp_path):
         run_task(TINY, tmp_path, jobs=2, backend="ray")
     with pytest.raises(ConfigError, match="--jobs must be at least 1"):
         run_task(TINY, tmp_path, jobs=0)
+
+
+def test_the_command_line_names_a_cluster_without_its_executor(capsys, tmp_path):
+    from fedgl.cli import main
+
+    assert main(["bench", "foundation-cora", "--cluster", "127.0.0.1:6379", "--out", str(tmp_path)]) == 2
+    assert "--cluster names the Ray cluster of --executor ray" in capsys.readouterr().err
+    assert main(["bench", "foundation-cora", "--jobs", "0", "--out", str(tmp_path)]) == 2
+    assert "--jobs must be at least 1 (got 0)" in capsys.readouterr().err

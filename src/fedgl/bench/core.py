@@ -4,7 +4,9 @@ A task is data: a base config, variants (each a label, config overrides and the 
 it) and the summary columns to report. Results go to ``results.json`` (every run's summary),
 ``table.md`` and ``table.json`` in the task's folder, with each run's own folder beneath it. A task
 whose numbers need no training (e.g. partition statistics) gives ``compute``, which makes a run's
-summary from its config; everything else, folders and tables included, stays the same.
+summary from its config; everything else, folders and tables included, stays the same. The runs go one
+after another here or, spread over worker processes or Ray tasks, through ``executor``; ``cost.json``
+records what they took.
 """
 
 from __future__ import annotations
