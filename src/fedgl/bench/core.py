@@ -27,6 +27,7 @@ from ..config import RunConfig, build_config, set_key
 from ..errors import ConfigError
 from ..protocols import protocol_class
 from ..results import CONFIG, FINISHED, SUMMARY, write_json
+from ..tables import markdown_table
 from .executor import EXECUTORS, Outcome, RunJob, execute, run_jobs
 
 COST = "cost.json"  # what the task's runs cost: CPU seconds summed over them, wall seconds of the whole task
@@ -290,8 +291,7 @@ def render_markdown(task: BenchTask, rows: list[dict[str, Any]], seeds: int) -> 
     header = _header(task)
     lines = [f"# {task.name}", "", task.description, "", f"Mean ± std over {seeds} seed(s).",
              f"Paper numbers: {task.source}" if task.source else "", "",
-             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_cells(task, row)) + " |" for row in rows]
+             *markdown_table(header, [_cells(task, row) for row in rows])]
     return "\n".join(lines) + "\n"
 
 
