@@ -146,9 +146,9 @@ def _in_processes(jobs: list[RunJob], workers: int, board: _Board) -> list[Outco
             outcomes[i] = Outcome(error=_one_line(err)) if err else future.result()
             board.record(jobs[i], outcomes[i])
     except BaseException:  # Ctrl-C: nothing new starts and the running workers end now
-        workers = list((pool._processes or {}).values())  # terminate_workers() from Python 3.14
+        started = list((pool._processes or {}).values())  # terminate_workers() from Python 3.14
         pool.shutdown(wait=False, cancel_futures=True)
-        for process in workers:
+        for process in started:
             process.terminate()
         raise
     pool.shutdown()
