@@ -80,6 +80,32 @@ class Guarantee:
                    "no amplification by sampling")
 
 
+# What each protocol family's epsilon is stated for (docs/privacy.md).
+CLIENT_UPDATES = Guarantee(
+    adjacency="client-level: one client's whole local data replaced by other data of the same size",
+    sensitivity="substitution: a clipped model update moves by at most 2 max_norm; one release per round the "
+                "client took part in")
+NODE_EXCHANGE = Guarantee(
+    adjacency="node-level: one node's features and label replaced; the graph and the routing are not protected",
+    sensitivity="substitution, owner-wide for computed rows: a sum holding a node's raw row moves by at most "
+                "2 max_norm (charged to that node); a sum of n rows computed from neighbours or a model moves by "
+                "at most 2 n max_norm (charged to every node of its owner); a client's model or gradient upload "
+                "by 2 max_norm (charged to every node of the client)")
+USER_ROWS = Guarantee(
+    adjacency="node-level: one user's feature row replaced; the users and the graph are known to the server",
+    sensitivity="substitution: a user's clipped latent (CNFGNN: and weight update) moves by at most 2 max_norm; "
+                "one release per round the user took part in and per scoring")
+VERTICAL_ROWS = Guarantee(
+    adjacency="node-level: one node's features (every block) and label replaced; the graph is not protected",
+    sensitivity="substitution, whole release: a client's n clipped rows, computed by its locally trained model "
+                "from neighbours, move by at most 2 sqrt(n) max_norm in L2 (every row may carry any node)")
+
+
+def release_rows(releases: list[PrivateRelease], rows: Tensor) -> Tensor:
+    """Row i of ``rows`` released by ``releases[i]`` (clients in one group, each with its own stream)."""
+    return torch.cat([release(row.unsqueeze(0)) for release, row in zip(releases, rows)])
+
+
 def _dp_accounting():
     try:
         import dp_accounting
@@ -133,7 +159,7 @@ class DPAccountant:
         for ids, load in ((nodes, self.nodes[part]), (clients, self.clients[part])):
             if ids is not None:
                 square = torch.as_tensor(multiple, dtype=torch.float64) ** 2
-                load.index_add_(0, ids.long(), square.expand(ids.numel()))
+                load.index_add_(0, ids.long().cpu(), square.cpu().expand(ids.numel()))
 
     def load(self, parts: tuple[str, ...] | None = None) -> Tensor:
         """Every unit's load: its own releases plus its client's, over ``parts`` (None: all)."""
