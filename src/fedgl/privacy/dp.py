@@ -17,10 +17,7 @@ substituting one record, whose clipped contribution moves by twice the bound (``
 
 from __future__ import annotations
 
-import hashlib
 import logging
-from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -46,19 +43,15 @@ class PrivateRelease:
     party's own noise stream (``seed`` is read only with ``replayable_noise``, a test switch)."""
 
     def __init__(self, dp: DPConfig, seed: int):
-        self.dp = dp
+        self.noise_multiplier, self.max_norm = dp.noise_multiplier, dp.max_norm  # plain numbers: checkpointed
         self.noise = NoiseStream.from_seed(seed) if dp.replayable_noise else NoiseStream.fresh()
 
-    @property
-    def max_norm(self) -> float:
-        return self.dp.max_norm
-
     def clip(self, rows: Tensor, bound: float | Tensor | None = None) -> Tensor:
-        return clip(rows, self.dp.max_norm if bound is None else bound)
+        return clip(rows, self.max_norm if bound is None else bound)
 
     def noised(self, values: Tensor, bound: float | None = None) -> Tensor:
         """``values`` plus N(0, (noise_multiplier * bound)^2) per coordinate (bound: ``max_norm``)."""
-        scale = self.dp.noise_multiplier * (self.dp.max_norm if bound is None else bound)
+        scale = self.noise_multiplier * (self.max_norm if bound is None else bound)
         return values + self.noise.normal(values.shape, values.dtype, values.device) * scale
 
     def __call__(self, rows: Tensor) -> Tensor:
@@ -137,18 +130,16 @@ class DPAccountant:
     unit u (client-level accounting: ``owner`` is ``arange(clients)``); a release charges listed
     units (``charge(nodes=...)``) or every unit of listed clients (``charge(clients=...)``), each under
     a ``part`` (e.g. model uploads and exchanged embeddings) reported apart as ``epsilon_<part>``.
-    State: the loads per part (checkpointed)."""
+    It holds plain numbers and tensors only, so a checkpoint or a deployed server's state file keeps it
+    whole; ``state``/``load_state``: the loads per part."""
 
     def __init__(self, dp: DPConfig, owner: Tensor, guarantee: Guarantee, parts: tuple[str, ...] = ("release",)):
         _dp_accounting()  # fail at setup, not after the first round
-        self.dp, self.guarantee, self.owner = dp, guarantee, owner.long()
+        self.noise_multiplier, self.delta, self.replayable = dp.noise_multiplier, dp.delta, dp.replayable_noise
+        self.guarantee, self.owner = guarantee, owner.long()
         clients = int(self.owner.max()) + 1 if self.owner.numel() else 0
         self.nodes = {p: torch.zeros(self.owner.numel(), dtype=torch.float64) for p in parts}
         self.clients = {p: torch.zeros(clients, dtype=torch.float64) for p in parts}
-
-    @property
-    def delta(self) -> float:
-        return self.dp.delta
 
     def charge(self, part: str | None = None, nodes: Tensor | None = None, clients: Tensor | None = None,
                multiple: float | Tensor = SUBSTITUTION) -> None:
@@ -171,7 +162,7 @@ class DPAccountant:
     def epsilon(self, parts: tuple[str, ...] | None = None) -> float:
         """Epsilon at ``delta`` of the most loaded unit."""
         load = self.load(parts)
-        return gaussian_epsilon(self.dp.noise_multiplier, float(load.max()) if load.numel() else 0.0, self.dp.delta)
+        return gaussian_epsilon(self.noise_multiplier, float(load.max()) if load.numel() else 0.0, self.delta)
 
     def epsilons(self) -> dict[str, float]:
         """``epsilon`` over every part, and ``epsilon_<part>`` for each when there are several."""
@@ -181,102 +172,17 @@ class DPAccountant:
 
     def summary(self) -> dict[str, float | str]:
         """Epsilon with what it is stated for: the summary's DP fields."""
-        noise = ("replayable from the seed: noise not private (tests only)" if self.dp.replayable_noise else
+        noise = ("replayable from the seed: noise not private (tests only)" if self.replayable else
                  "each party's own ChaCha20 stream keyed by the operating system")
-        return self.epsilons() | {"delta": self.dp.delta, "dp_adjacency": self.guarantee.adjacency,
+        return self.epsilons() | {"delta": self.delta, "dp_adjacency": self.guarantee.adjacency,
                                   "dp_sensitivity": self.guarantee.sensitivity,
                                   "dp_threat_model": self.guarantee.threat, "dp_noise": noise}
 
-    def state_dict(self) -> dict[str, dict[str, Tensor]]:
+    def state(self) -> dict[str, dict[str, Tensor]]:
         return {"nodes": {p: v.clone() for p, v in self.nodes.items()},
                 "clients": {p: v.clone() for p, v in self.clients.items()}}
 
-    def load_state_dict(self, state: dict[str, dict[str, Tensor]]) -> None:
+    def load_state(self, state: dict[str, dict[str, Tensor]]) -> None:
         self.nodes = {p: v.clone() for p, v in state["nodes"].items()}
         self.clients = {p: v.clone() for p, v in state["clients"].items()}
 
-
-# ---- the previous API, used by the protocols until they move to PrivateRelease/DPAccountant ----
-def privatize(updates: Tensor, dp: DPConfig, generators: Sequence[torch.Generator | None]) -> Tensor:
-    """Clip every row of ``updates`` (``[k, P]``) and add its Gaussian noise, drawn for row i from
-    ``generators[i]`` (None: torch's default generator, i.e. the party's own random state)."""
-    noise = torch.stack([torch.randn(updates.size(1), generator=g, dtype=updates.dtype,
-                                     device=None if g is None else g.device) for g in generators]).to(updates.device)
-    return clip(updates, dp.max_norm) + noise * (dp.noise_multiplier * dp.max_norm)
-
-
-def gaussian(sums: Tensor, dp: DPConfig, generator: torch.Generator | None = None,
-             sensitivity: float | None = None) -> Tensor:
-    """``sums`` plus N(0, (noise_multiplier * sensitivity)^2) per coordinate (sensitivity: ``max_norm``
-    unless given), from ``generator`` (None: torch's default, the party's own random state)."""
-    scale = dp.noise_multiplier * (dp.max_norm if sensitivity is None else sensitivity)
-    noise = torch.randn(sums.shape, dtype=sums.dtype, generator=generator,
-                        device=None if generator is None else generator.device)
-    return sums + noise.to(sums.device) * scale
-
-
-def noise_generator(seed: int) -> torch.Generator:
-    """A party's stream for DP noise, apart from its sampling and dropout draws, so a run with noise
-    makes the same draws as without it."""
-    digest = hashlib.sha256(f"fedgl dp noise {seed}".encode()).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "big") >> 1)
-
-
-class Accountant:
-    """The (epsilon, delta) spent so far: the sampling rate of every round a release was made in,
-    composed by ``dp_accounting``'s RDP accountant. Its state is the list of rates (checkpointed)."""
-
-    def __init__(self, dp: DPConfig):
-        _dp_accounting()  # fail at setup, not after the first round
-        self.noise_multiplier = dp.noise_multiplier
-        self.delta = dp.delta
-        self.rates: list[float] = []
-
-    def step(self, sampling_rate: float) -> None:
-        """Record one round in which each client took part with probability ``sampling_rate``."""
-        self.rates.append(float(sampling_rate))
-
-    def epsilon(self) -> float:
-        return epsilon(self.noise_multiplier, self.rates, self.delta)
-
-
-def epsilon(noise_multiplier: float, rates: Sequence[float], delta: float) -> float:
-    """Epsilon at ``delta`` after one Gaussian release per entry of ``rates`` (its sampling rate)."""
-    dpa, rdp = _dp_accounting()
-    accountant = rdp.RdpAccountant()
-    absl = logging.getLogger("absl")  # it warns per fractional RDP order it skips
-    level = absl.level
-    absl.setLevel(logging.ERROR)
-    try:
-        for rate, count in Counter(rates).items():
-            event = dpa.GaussianDpEvent(noise_multiplier)
-            accountant.compose(event if rate >= 1 else dpa.PoissonSampledDpEvent(rate, event), count)
-    finally:
-        absl.setLevel(level)
-    return float(accountant.get_epsilon(delta))
-
-
-class ReleaseAccountant:
-    """Epsilon per node row: every noised sum holding a node's (clipped) row is one Gaussian release
-    for that node, of sensitivity ``max_norm`` (add/remove of the row). Releases compose, so epsilon is
-    that of the node whose row went into the most of them. State: the per-node counts (checkpointed)."""
-
-    def __init__(self, dp: DPConfig, num_nodes: int):
-        _dp_accounting()  # fail at setup, not after the first round
-        self.noise_multiplier = dp.noise_multiplier
-        self.delta = dp.delta
-        self.releases = torch.zeros(num_nodes, dtype=torch.long)
-
-    def record(self, nodes: Tensor) -> None:
-        """One release for each entry of ``nodes`` (global ids, repeated for several releases)."""
-        self.releases += torch.bincount(nodes, minlength=self.releases.numel())
-
-    def most(self) -> int:
-        """The largest number of releases any node's row went into."""
-        return int(self.releases.max()) if self.releases.numel() else 0
-
-    def epsilon(self, rounds: Sequence[float] = ()) -> float:
-        """Epsilon of the most released node, composed with ``rounds``: the sampling rates of further
-        Gaussian events (of the same noise multiplier) every node's data went into."""
-        events = [*rounds, *[1.0] * self.most()]
-        return epsilon(self.noise_multiplier, events, self.delta) if events else 0.0

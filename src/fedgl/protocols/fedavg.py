@@ -11,8 +11,8 @@ same trajectories and the same model bytes: each member's model travels as its o
 ``Rows("model")`` payload and the ledger attributes it to that member.
 
 Privacy (``RunConfig.privacy``, ``fedgl.privacy``): with ``dp`` each client clips its update (its model
-minus the global model it received) and adds Gaussian noise before anything leaves it; the server
-tracks epsilon with the accountant. With ``secure_aggregation`` the clients agree on pairwise keys once
+minus the global model it received) and adds Gaussian noise from its own stream (``PrivateRelease``) before anything leaves it;
+the server charges every round a client takes part in to its ``DPAccountant``. With ``secure_aggregation`` the clients agree on pairwise keys once
 at setup (``public_key`` then ``agree``, relayed by the server) and each round a client sends only
 ``[w * model, w, w * loss]`` (w its training-node count) in fixed point with pairwise masks, so the
 server learns the weighted sums and nothing per client.
@@ -30,7 +30,7 @@ from .fedavg_group import ClientGroupTrainer, flat_state, groupable, state_from_
 from ..comm import Party, Rows, Transport, rpc
 from ..config import ModelConfig, RunConfig, TrainConfig
 from ..privacy import PrivacyConfig
-from ..privacy.dp import Accountant, privatize
+from ..privacy.dp import CLIENT_UPDATES, DPAccountant, PrivateRelease, release_rows
 from ..privacy.secure_aggregation import MaskedParty, MaskingClient, decode, encode, exchange_keys, ring_sum
 from ..errors import ConfigError, RunFailed
 from ..evaluation import Evaluator
@@ -52,14 +52,14 @@ class FedAvgOptions(ProtocolOptions):
 
 
 def private_reply(rows: torch.Tensor, start: torch.Tensor, num_train: torch.Tensor, loss: torch.Tensor,
-                  privacy: PrivacyConfig, generators: list[torch.Generator | None], maskers: list[MaskingClient],
+                  privacy: PrivacyConfig, releases: list[PrivateRelease | None], maskers: list[MaskingClient],
                   participants: torch.Tensor | None, round_index: int) -> dict[str, torch.Tensor]:
     """What k clients send after training from ``start`` to ``rows`` (``flat_state`` rows): with DP
     the noised, clipped updates applied to ``start``; with secure aggregation only the masked
     fixed-point rows ``[w * model, w, w * loss]``, w = training nodes (``participants``: the ids of
     this round's clients, None = all)."""
     if privacy.dp is not None:
-        rows = start + privatize(rows - start, privacy.dp, generators)
+        rows = start + release_rows(releases, rows - start)
     if not privacy.secure_aggregation:
         return {"state": rows, "num_train": num_train, "loss": loss}
     values = torch.cat([rows.double(), torch.ones_like(loss).unsqueeze(1), loss.unsqueeze(1)], 1)
@@ -80,6 +80,7 @@ class FedAvgClient(MaskedParty, Party):
         self.batch_size = batch_size
         self.privacy = privacy or PrivacyConfig()
         self.masker = MaskingClient.create(index) if self.privacy.secure_aggregation else None
+        self.release = PrivateRelease(self.privacy.dp, seed) if self.privacy.dp is not None else None
 
     @rpc(state="model", participants="index",
          returns={"state": "model", "num_train": "control", "loss": "control", "masked": "model"})
@@ -92,7 +93,7 @@ class FedAvgClient(MaskedParty, Party):
             return {"state": trained, "num_train": self.num_train, "loss": loss}
         reply = private_reply(flat_state(trained).unsqueeze(0), flat_state(state).unsqueeze(0),
                               torch.tensor([self.num_train]), torch.tensor([loss], dtype=torch.float64),
-                              self.privacy, [None], [self.masker], participants, round_index)
+                              self.privacy, [self.release], [self.masker], participants, round_index)
         if "masked" in reply:
             return {"masked": reply["masked"][0]}
         return {"state": state_from_row(reply["state"][0], trained), "num_train": self.num_train, "loss": loss}
@@ -120,6 +121,7 @@ class FedAvgGroup(Party):
         self.local_epochs = local_epochs
         self.privacy = privacy or PrivacyConfig()
         self.maskers = [c.masker for c in clients]
+        self.releases = [c.release for c in clients]  # each member's own noise stream
 
     @rpc(returns=Rows("control"))
     def public_key(self) -> torch.Tensor:
@@ -146,7 +148,7 @@ class FedAvgGroup(Party):
         if bool(training.any()):
             loss[training] = self.trainer.train_epochs(self.local_epochs, members[training]).double()
         return private_reply(self.trainer.get_rows(users), state, num_train, loss, self.privacy,
-                             [self.trainer.members[m].generator for m in members.tolist()],
+                             [self.releases[m] for m in members.tolist()],
                              [self.maskers[m] for m in members.tolist()], participants, round_index)
 
 
@@ -164,7 +166,6 @@ class FedAvg(Protocol):
     def __init__(self, cfg: RunConfig, transport: Transport):
         super().__init__(cfg, transport)
         self.privacy = cfg.privacy
-        self.accountant = Accountant(cfg.privacy.dp) if cfg.privacy.dp is not None else None
 
     def build(self, num_features: int, num_classes: int) -> None:
         self.model = make_model(self.cfg.model, num_features, num_classes)
@@ -180,6 +181,8 @@ class FedAvg(Protocol):
             for m, shard in enumerate(part.shards)
         ]
         self.alive = torch.ones(self.num_clients, dtype=torch.bool)
+        dp = self.privacy.dp  # every round a client takes part in is a full release of its update
+        self.accountant = DPAccountant(dp, torch.arange(self.num_clients), CLIENT_UPDATES) if dp is not None else None
         if self.privacy.secure_aggregation and self.sample_size() < 2:
             raise ConfigError(f"fedavg: privacy.secure_aggregation needs at least 2 clients per round, got "
                               f"{self.sample_size()} (partition.num_clients x protocol.client_fraction)")
@@ -236,7 +239,7 @@ class FedAvg(Protocol):
         chosen = self.sample_clients()
         stats = {}
         if self.accountant is not None:  # counted before any client releases its update
-            self.accountant.step(chosen.numel() / int(self.alive.sum()))
+            self.accountant.charge(nodes=chosen)
             stats["epsilon"] = self.accountant.epsilon()
         state = self.model.state_dict()
         masking = {}
@@ -292,10 +295,10 @@ class FedAvg(Protocol):
     def summary(self) -> dict[str, Any]:
         if self.accountant is None:
             return {}
-        return {"epsilon": self.accountant.epsilon(), "delta": self.accountant.delta}
+        return self.accountant.summary()
 
     def state_dict(self) -> dict:
-        dp = {"dp_rates": list(self.accountant.rates)} if self.accountant is not None else {}
+        dp = {"dp": self.accountant.state()} if self.accountant is not None else {}
         return super().state_dict() | {"model": self.model.state_dict(), "alive": self.alive.clone()} | dp
 
     def load_state_dict(self, state: dict) -> None:
@@ -303,4 +306,4 @@ class FedAvg(Protocol):
         self.model.load_state_dict(state["model"])
         self.alive = state["alive"].clone()
         if self.accountant is not None:
-            self.accountant.rates = list(state["dp_rates"])
+            self.accountant.load_state(state["dp"])
