@@ -5,10 +5,13 @@ a node's reach through the rows that carry it."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from scipy import stats
 
+from fedgl.cli import main
 from fedgl.config import build_config
 from fedgl.privacy.config import DPConfig
 from fedgl.privacy.dp import SUBSTITUTION, DPAccountant, Guarantee, PrivateRelease, gaussian_epsilon
@@ -87,12 +90,15 @@ def test_the_server_replaying_the_noise_from_the_config_recovers_nothing(tmp_pat
         assert float(cosine.abs().max()) < 0.1
 
 
-def test_a_replayable_run_says_its_noise_is_not_private(tmp_path):
-    summary = Run(build_config(fedavg({"noise_multiplier": 1.0, "max_norm": 1.0, "replayable_noise": True}, 1)),
-                  tmp_path / "r").execute(progress=False).summary
-    assert "not private" in summary["dp_noise"]
-    assert "replayable_noise" in DPConfig(noise_multiplier=1, max_norm=1, replayable_noise=True).warning()
-    assert DPConfig(noise_multiplier=1, max_norm=1).warning() is None
+def test_a_replayable_run_says_its_noise_is_not_private(tmp_path, capsys):
+    dp = ["--set", "privacy.dp.noise_multiplier=1", "--set", "privacy.dp.max_norm=1"]
+    args = ["run", "--dataset", "synthetic", "--rounds", "1", "--quiet", *dp]
+    assert main([*args, "--set", "privacy.dp.replayable_noise=true", "--out", str(tmp_path / "r")]) == 0
+    assert "not private" in capsys.readouterr().err
+    assert "not private" in json.loads((tmp_path / "r" / "summary.json").read_text())["dp_noise"]
+    assert main([*args, "--out", str(tmp_path / "os")]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert "operating system" in json.loads((tmp_path / "os" / "summary.json").read_text())["dp_noise"]
 
 
 # ---- the accounting ----------------------------------------------------------------------------------------
