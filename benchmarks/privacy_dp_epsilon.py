@@ -10,8 +10,8 @@ locally trained model charged to every node its owner holds, n rows of a sum at 
 What a run releases does not depend on the noise for FedAvg, nFedGNN and CNFGNN (every party every
 round, so no training is needed), nor for the Swift family and GLASU (the sums and node sets come from
 the parties' own sampling draws): one run per seed gives every noise multiplier's epsilon. FedAAS's
-syncs and attention draws follow its training, so it runs once per noise multiplier. Runs repeat the
-bench scripts' settings exactly (``privacy_swift_cora.BASE``, ``privacy_dp_cora.SETTING``).
+syncs and attention draws follow its training, so it runs once per noise multiplier. Runs are the
+committed tasks' own variants (``fedgl.bench.privacy``), seed for seed.
 
     FEDGL_DATA_ROOT=/work/shared/datasets python benchmarks/privacy_dp_epsilon.py fedavg nfedgnn
     FEDGL_DATA_ROOT=/work/shared/datasets python benchmarks/privacy_dp_epsilon.py swift
@@ -29,7 +29,7 @@ import json
 import statistics
 from pathlib import Path
 
-from privacy_tables import markdown_rows, write_results
+from fedgl.tables import markdown_table
 
 RESULTS = Path(__file__).parent / "results"
 OUT = RESULTS / "privacy-dp-epsilon"
@@ -97,21 +97,13 @@ def measured(protocol: str) -> list[dict]:
 
 
 def config(protocol: str, seed: int, sigma: float):
-    dp = {"noise_multiplier": sigma, "max_norm": 1.0, "delta": DELTA}
-    if protocol == "swift":
-        from fedgl.config import build_config
-        from privacy_swift_cora import BASE
-
-        return build_config({**BASE, "seed": seed, "privacy": {"dp": dp}})
+    """The committed task's own variant at noise multiplier ``sigma``, for ``seed``."""
     from fedgl.bench import get_task
     from fedgl.bench.core import variant_config
-    from privacy_dp_cora import ROUNDS, SETTING
 
-    name, label, overrides = SETTING[protocol]
-    task = get_task(name)
-    variant = next(v for v in task.variants if v.label == label)
-    return variant_config(task, variant, seed, {**overrides, "train.rounds": ROUNDS[protocol], "threads": 1,
-                                                "privacy": {"dp": dp}})
+    task = get_task(TABLES[protocol])
+    variant = next(v for v in task.variants if v.label == f"dp sigma={sigma:g}")
+    return variant_config(task, variant, seed, {})
 
 
 def cell(values: list[float]) -> str:
@@ -137,7 +129,7 @@ def table(rows: list[dict]) -> tuple[list[dict], str]:
              "server samples, sensitivity max_norm per release, a node's row counted alone) and now, against the "
              "server (no amplification, substitution sensitivity 2 max_norm, hidden and model-dependent rows "
              "charged to every node of their owner). Mean ± std over seeds where the table has several.", "",
-             *markdown_rows(out)]
+             *markdown_table(list(out[0]), [list(row.values()) for row in out])]
     return out, "\n".join(lines) + "\n"
 
 
@@ -153,7 +145,11 @@ def main() -> None:
     for protocol in chosen:
         rows += without_training(protocol) if protocol in ("fedavg", "nfedgnn") else measured(protocol)
     rows.sort(key=lambda r: ORDER.index(r["protocol"]))
-    write_results(OUT, rows, *table(rows))
+    summary, markdown = table(rows)
+    (OUT / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
+    (OUT / "table.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False) + "\n")
+    (OUT / "table.md").write_text(markdown)
+    print(markdown)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ a node's reach through the rows that carry it."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -16,7 +17,7 @@ from fedgl.config import build_config
 from fedgl.privacy.config import DPConfig
 from fedgl.privacy.dp import SUBSTITUTION, DPAccountant, Guarantee, PrivateRelease, gaussian_epsilon
 from fedgl.privacy.noise import NoiseStream
-from fedgl.protocols.fedavg_group import flat_state
+from fedgl.protocols.fedavg.group import flat_state
 from fedgl.runner import Run
 
 dpa = pytest.importorskip("dp_accounting")
@@ -48,9 +49,16 @@ def released(tmp_path, name: str, dp: dict) -> tuple[Run, torch.Tensor, torch.Te
     return job, flat_state(state), torch.stack([flat_state(r["state"]) for r in replies])
 
 
+def seeded(seed: int) -> torch.Generator:
+    """The attacker's copy of how fedgl's DP derived a party's noise stream from its seed before the
+    noise came from the operating system (and still does with ``replayable_noise``)."""
+    digest = hashlib.sha256(f"fedgl dp noise {seed}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "big") >> 1)
+
+
 # ---- the noise ---------------------------------------------------------------------------------------------
 def test_a_noise_stream_is_standard_normal_and_never_repeats():
-    stream = NoiseStream.fresh()
+    stream = NoiseStream(bytes(range(32)))  # a fixed key: the test is not left to chance
     first, second = stream.normal((20_000,), torch.float64), stream.normal((20_000,), torch.float64)
     assert stats.kstest(first.numpy(), "norm").pvalue > 1e-3
     assert not torch.equal(first, second)
@@ -78,7 +86,7 @@ def test_the_server_replaying_the_noise_from_the_config_recovers_nothing(tmp_pat
     dp = {"noise_multiplier": sigma, "max_norm": bound}
     job, start, sent = released(tmp_path, "run", dp | {"replayable_noise": replayable})
     seeds = [job.cfg.seed * 100_003 + m + 1 for m in range(M)]  # how the server seeds its clients
-    guess = torch.stack([NoiseStream.from_seed(s).normal(start.shape) * (sigma * bound) for s in seeds])
+    guess = torch.stack([torch.randn(start.shape, generator=seeded(s)) * (sigma * bound) for s in seeds])
     estimate = sent - start - guess
     # the true clipped updates, from the same clients with negligible noise (training draws are the party's own)
     _, _, quiet = released(tmp_path, "quiet", {"noise_multiplier": 1e-9, "max_norm": bound})

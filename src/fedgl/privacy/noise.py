@@ -6,9 +6,11 @@ party is made and never sent; its keystream gives uniform 53-bit numbers, turned
 the Box-Muller transform in torch (vectorised, float64). The stream lives apart from the party's
 torch random state, so a run with noise makes the same sampling and dropout draws as without it.
 
-``replayable`` keys the stream from the run's seed instead: the same config then gives the same
-noise, which tests comparing exact runs need, and which makes the noise worthless against anyone who
-has the config (the server). Runs with it say so in their summary (``dp_noise``).
+``from_seed`` (``privacy.dp.replayable_noise``, tests only) draws instead from the stream fedgl's DP
+used before: a torch generator seeded with SHA-256 of the party's seed. The same config then gives
+the same noise, which tests comparing exact runs need, and which makes the noise worthless against
+anyone who has the config (the server): ``fedgl audit``'s noise replay and tests/test_dp_adversary.py
+recover it. Runs with it say so in their summary (``dp_noise``).
 """
 
 from __future__ import annotations
@@ -25,14 +27,15 @@ BLOCK = 64  # bytes of ChaCha20 keystream per block counter step
 
 class NoiseStream:
     """A party's own noise: ChaCha20 keystream from ``key``, read block by block (``block`` is the next
-    unused block, so a checkpointed stream continues where it stopped and never repeats)."""
+    unused block, so a checkpointed stream continues where it stopped and never repeats); or, replayable,
+    a seeded torch ``generator`` (checkpointed by its state)."""
 
-    def __init__(self, key: bytes, replayable: bool = False):
-        if len(key) != 32:
-            raise ValueError("a noise stream needs a 32-byte key")
+    def __init__(self, key: bytes | None, generator: torch.Generator | None = None):
+        if (key is None) == (generator is None) or (key is not None and len(key) != 32):
+            raise ValueError("a noise stream needs a 32-byte key or, replayable, a generator")
         self.key = key
         self.block = 0
-        self.replayable = replayable
+        self.generator = generator
 
     @classmethod
     def fresh(cls) -> "NoiseStream":
@@ -42,8 +45,9 @@ class NoiseStream:
 
     @classmethod
     def from_seed(cls, seed: int) -> "NoiseStream":
-        """Keyed from ``seed`` (tests only): anyone who knows the seed regenerates every draw."""
-        return cls(hashlib.sha256(f"fedgl dp noise {seed}".encode()).digest(), replayable=True)
+        """Drawn from ``seed`` (tests only): anyone who knows the seed regenerates every draw."""
+        digest = hashlib.sha256(f"fedgl dp noise {seed}".encode()).digest()
+        return cls(None, torch.Generator().manual_seed(int.from_bytes(digest[:8], "big") >> 1))
 
     def _bytes(self, count: int) -> bytes:
         blocks = -(-count // BLOCK)
@@ -62,6 +66,8 @@ class NoiseStream:
     def normal(self, shape: torch.Size | tuple[int, ...], dtype: torch.dtype = torch.float32,
                device: torch.device | str | None = None) -> torch.Tensor:
         """Standard normal values of ``shape`` (Box-Muller: two per pair of uniforms)."""
+        if self.generator is not None:
+            return torch.randn(shape, generator=self.generator, dtype=dtype).to(device)
         count = math.prod(shape)
         pairs = -(-count // 2)
         u = self.uniform(2 * pairs).view(2, pairs)

@@ -19,8 +19,8 @@ from ...privacy import PrivacyConfig
 from ...privacy.dp import PrivateRelease, clip
 from ...privacy.secure_aggregation import MaskedParty, MaskingClient
 from ...sampling import CSR, sample_neighbors, sample_weighted
-from ..fedavg import private_reply
-from ..fedavg_group import flat_state, state_from_row
+from ..fedavg.client import private_reply
+from ..fedavg.group import flat_state, state_from_row
 from ..horizontal.shared import HorizontalClient
 from .fanout_policy import FanoutPolicy
 from .options import FedAASOptions

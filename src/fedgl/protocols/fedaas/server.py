@@ -21,8 +21,8 @@ from ...partition import horizontal_from_config
 from ...privacy.dp import NODE_EXCHANGE, SUBSTITUTION, DPAccountant
 from ...privacy.secure_aggregation import decode, exchange_keys, ring_sum
 from ..base import Protocol
-from ..fedavg import weighted_average
-from ..fedavg_group import state_from_row
+from ..fedavg.server import weighted_average
+from ..fedavg.group import state_from_row
 from ..horizontal.routing import Router
 from ..horizontal.shared import FEATURE_DENSITY
 from .client import FedAASClient
@@ -356,4 +356,3 @@ class FedAAS(Protocol):
         self.personal = dict(state["personal"])
         if self.accountant is not None:
             self.accountant.load_state(state["dp"])
-

@@ -15,8 +15,8 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from ..comm import Rows, rpc
-from ..models.split_node import BatchedOptimizer, pick
+from ...comm import Rows, rpc
+from ...models.split_node import BatchedOptimizer, pick
 from .nfedgnn import NFedGNN, SplitOptions, UserPopulation
 
 MB = 2**20
