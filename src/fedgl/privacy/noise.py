@@ -67,7 +67,7 @@ class NoiseStream:
                device: torch.device | str | None = None) -> torch.Tensor:
         """Standard normal values of ``shape`` (Box-Muller: two per pair of uniforms)."""
         if self.generator is not None:
-            return torch.randn(shape, generator=self.generator, dtype=dtype).to(device)
+            return torch.randn(shape, generator=self.generator, dtype=dtype, device="cpu").to(device)
         count = math.prod(shape)
         pairs = -(-count // 2)
         u = self.uniform(2 * pairs).view(2, pairs)
