@@ -63,7 +63,8 @@ def without_training(protocol: str) -> list[dict]:
         releases = 50 if protocol == "fedavg" else (2 * 200 if "cnfgnn" in row["variant"] else 200) + 10
         then = gaussian_epsilon(row["noise_multiplier"], releases, DELTA)  # the old accounting, as a check
         if abs(then / row["before"] - 1) > 1e-3:
-            raise SystemExit(f"{protocol} {row['variant']}: {releases} releases give {then:.4g}, the table {row['before']:.4g}")
+            raise SystemExit(f"{protocol} {row['variant']}: {releases} releases give {then:.4g}, "
+                             f"the table {row['before']:.4g}")
         now = gaussian_epsilon(row["noise_multiplier"], releases * SUBSTITUTION**2, DELTA)
         out.append(row | {"protocol": protocol, "now": now, "adjacency": "client-level" if protocol == "fedavg"
                           else "node-level (one user's row)"})
@@ -135,7 +136,8 @@ def table(rows: list[dict]) -> tuple[list[dict], str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("protocols", nargs="*", help=f"of {', '.join(ORDER)}; none: rewrite the table from results.json")
+    parser.add_argument("protocols", nargs="*",
+                        help=f"of {', '.join(ORDER)}; none: rewrite the table from results.json")
     chosen = parser.parse_args().protocols
     if set(chosen) - set(ORDER):
         parser.error(f"unknown protocol {sorted(set(chosen) - set(ORDER))[0]}; choose from {', '.join(ORDER)}")

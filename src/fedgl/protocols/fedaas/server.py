@@ -72,7 +72,7 @@ class FedAAS(Protocol):
             raise ConfigError(f"{self.name}: privacy.dp does not noise what phi (the trainers' logits) or "
                               f"query_gradient exact (the slope-weighted sums) sends; unset them")
         # DP: the model uploads and the releases at syncs, charged to the nodes each may carry
-        self.accountant = DPAccountant(dp, part.owner, NODE_EXCHANGE, ("model", "embedding")) if dp is not None else None
+        self.accountant = DPAccountant(dp, part.owner, NODE_EXCHANGE, ("model", "embedding")) if dp else None
         options = o.model_dump()
         self.clients = self.transport.spawn(FedAASClient, [
             dict(name=f"client{m}", seed=self.cfg.seed * 100_003 + m + 1, shard=shard, train=self.cfg.train,

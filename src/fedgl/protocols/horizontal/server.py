@@ -149,7 +149,7 @@ class CrossClientProtocol(Protocol):
                               f"{len(self.clients)} (partition.num_clients)")
         dp = privacy.dp
         # Gradient uploads (every client, every iteration) and the exchanged sums, composed per node.
-        self.accountant = DPAccountant(dp, part.owner, NODE_EXCHANGE, ("model", "embedding")) if dp is not None else None
+        self.accountant = DPAccountant(dp, part.owner, NODE_EXCHANGE, ("model", "embedding")) if dp else None
 
     def start(self) -> None:
         if self.cfg.privacy.secure_aggregation:  # pairwise keys for the masked gradient uploads
