@@ -1,4 +1,4 @@
-"""Differential privacy as one layer: a party's ``PrivateRelease`` and the server's ``Accountant``.
+"""Differential privacy as one layer: a party's ``PrivateRelease`` and the server's ``DPAccountant``.
 
 A party clips what it releases and adds Gaussian noise of std ``noise_multiplier`` times the bound
 it clipped to, from its own ``NoiseStream`` (operating-system keyed; ``privacy.noise``). The server
@@ -57,10 +57,6 @@ class PrivateRelease:
     def __call__(self, rows: Tensor) -> Tensor:
         """Every row of ``rows`` clipped to ``max_norm``, then noised."""
         return self.noised(self.clip(rows))
-
-    def update(self, trained: Tensor, start: Tensor) -> Tensor:
-        """``start`` plus the clipped, noised update ``trained - start`` (rows: one update each)."""
-        return start + self(trained - start)
 
 
 @dataclass(frozen=True)
