@@ -93,6 +93,8 @@ def _run(args: argparse.Namespace) -> int:
         notes += _paper_training_notes(cfg, args.config, list(args.set or []))
     for note in notes + unread_settings(cfg):
         print(f"fedgl: note: {note}", file=sys.stderr)
+    if cfg.privacy.dp is not None and cfg.privacy.dp.warning():
+        print(f"fedgl: warning: {cfg.privacy.dp.warning()}", file=sys.stderr)
     job = prepare(cfg, args.out, resume=args.resume, overwrite=args.overwrite)
     if args.resume:
         console().print(f"resuming from round {job.start_round}" if job.start_round <= cfg.train.rounds else
