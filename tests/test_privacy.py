@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 
 import numpy as np
@@ -27,9 +26,7 @@ def dpa():
     return pytest.importorskip("dp_accounting")
 
 
-SCHEMES = [pytest.param("x25519", marks=pytest.mark.skipif(importlib.util.find_spec("cryptography") is None,
-                                                             reason="X25519 needs the cryptography package")),
-           "modp2048"]
+SCHEMES = ["x25519"]
 
 
 def fixed_keys(scheme: str, count: int) -> list[sa.MaskingClient]:
@@ -87,7 +84,7 @@ def test_masks_cancel_in_the_servers_sum(scheme):
 
 
 def test_masks_are_fresh_every_round():
-    a, _ = fixed_keys(sa.default_key_agreement(), 2)
+    a, _, _ = fixed_keys(sa.default_key_agreement(), 3)
     zero = torch.zeros(500, dtype=torch.int64)
     assert bool((a.mask(zero, None, 1) != a.mask(zero, None, 2)).all())
 
@@ -105,7 +102,7 @@ def test_a_masked_payload_is_uniform_whatever_the_data():
     structured = sa.encode(torch.linspace(-3, 3, n).unsqueeze(0), torch.tensor([50]), 4)[0]
     zeros = torch.zeros(n, dtype=torch.int64)
     sent_structured = clients[1].mask(structured, None, 3)
-    sent_zeros = clients[1].mask(zeros, None, 3)
+    sent_zeros = clients[1].mask(zeros, None, 4)
     for sent in (sent_structured, sent_zeros):
         assert stats.chisquare(np.bincount(top_bits(sent, 6), minlength=64)).pvalue > 1e-3
     # the test can fail: the encoded data itself is far from uniform
@@ -172,7 +169,7 @@ def test_secure_aggregation_stops_on_a_lost_client(tmp_path):
 def test_secure_aggregation_needs_two_clients_per_round(tmp_path):
     with pytest.raises(ConfigError, match="at least 2 clients per round, got 1"):
         Run(config({"secure_aggregation": True}, client_fraction=0.25), tmp_path / "run")
-    a, _ = fixed_keys(sa.default_key_agreement(), 2)
+    a, _, _ = fixed_keys(sa.default_key_agreement(), 3)
     with pytest.raises(RunFailed, match="fewer than 2 participants"):
         a.mask(torch.zeros(3, dtype=torch.int64), torch.tensor([0]), 1)
 
