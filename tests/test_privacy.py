@@ -170,7 +170,7 @@ def test_secure_aggregation_needs_two_clients_per_round(tmp_path):
     with pytest.raises(ConfigError, match="at least 2 clients per round, got 1"):
         Run(config({"secure_aggregation": True}, client_fraction=0.25), tmp_path / "run")
     a, _, _ = fixed_keys(sa.default_key_agreement(), 3)
-    with pytest.raises(RunFailed, match="fewer than 2 participants"):
+    with pytest.raises(RunFailed, match="fewer than 3"):
         a.mask(torch.zeros(3, dtype=torch.int64), torch.tensor([0]), 1)
 
 

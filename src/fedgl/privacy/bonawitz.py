@@ -28,15 +28,13 @@ import secrets
 from dataclasses import dataclass, field
 
 import torch
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from torch import Tensor
 
 from ..errors import RunFailed
 from . import shamir
 from .identity import SIGNATURE_BYTES, Identity, verify
 from .masks import PUBLIC_BYTES, KeyPair, LabelGuard, derive, stream
-from .secure_aggregation import check_participants, pair_secret
+from .secure_aggregation import MIN_PARTICIPANTS, check_participants, pair_secret
 
 SIGNED_KEYS = 2 * PUBLIC_BYTES + SIGNATURE_BYTES  # c public, s public, signature
 NONCE = 12
@@ -148,7 +146,7 @@ class SecAggClient:
         session = self.session
         if threshold < 2:
             raise self.refuse(f"a threshold of {threshold}")
-        check_participants(u1, len(self.peers), self.index, threshold, f"client {self.index}")
+        check_participants(u1, len(self.peers), self.index, max(threshold, MIN_PARTICIPANTS), f"client {self.index}")
         for k, j in enumerate(u1):
             row = raw[k * SIGNED_KEYS : (k + 1) * SIGNED_KEYS]
             c_pub, s_pub, signature = row[:PUBLIC_BYTES], row[PUBLIC_BYTES : 2 * PUBLIC_BYTES], row[2 * PUBLIC_BYTES :]
@@ -167,7 +165,10 @@ class SecAggClient:
             sealed.append(nonce + self._aead(j).encrypt(nonce, body, _ids([session.label, self.index, j])))
         return as_tensor(b"".join(sealed)).view(len(sealed), SEALED)
 
-    def _aead(self, j: int) -> ChaCha20Poly1305:
+    def _aead(self, j: int):
+        """The ChaCha20-Poly1305 cipher of this client and j for this round (from their s keys)."""
+        from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+
         shared = self.session.s.shared(self.session.s_public[j])
         return ChaCha20Poly1305(derive(shared, b"fedgl secagg share key", self.session.label))
 
@@ -234,6 +235,8 @@ class SecAggClient:
         """This client's share of b_j (``which`` 0) or of c_j (1), opened from j's sealed pair."""
         if j == self.index:
             return self.session.own_shares[which]
+        from cryptography.exceptions import InvalidTag
+
         sealed = self.session.sealed[j]
         try:
             body = self._aead(j).decrypt(sealed[:NONCE], sealed[NONCE:], _ids([self.session.label, j, self.index]))

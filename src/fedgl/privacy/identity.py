@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from .masks import require
 
 SIGNATURE_BYTES = 64
 
@@ -24,17 +23,27 @@ class Identity:
 
     @classmethod
     def generate(cls) -> "Identity":
+        require()
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
         return cls(Ed25519PrivateKey.generate().private_bytes_raw())
 
     def public(self) -> bytes:
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
         return Ed25519PrivateKey.from_private_bytes(self.private).public_key().public_bytes_raw()
 
     def sign(self, message: bytes) -> bytes:
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
         return Ed25519PrivateKey.from_private_bytes(self.private).sign(message)
 
 
 def verify(public: bytes, signature: bytes, message: bytes) -> bool:
     """Whether ``signature`` is the owner of ``public``'s signature of ``message``."""
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     try:
         Ed25519PublicKey.from_public_bytes(public).verify(signature, message)
     except (InvalidSignature, ValueError):

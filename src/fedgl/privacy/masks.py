@@ -12,24 +12,31 @@ masked with the same stream would reveal the difference of the two messages.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
 
 import torch
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from torch import Tensor
 
-from ..errors import RunFailed
+from ..errors import ConfigError, RunFailed
 
 CIPHER = "ChaCha20"  # the named stream cipher every mask is drawn from
 KEY_BYTES = 32
 PUBLIC_BYTES = 32
 
 
+def require() -> None:
+    """Stop at setup, in one line, when the ``cryptography`` package (the privacy extra) is missing;
+    the functions below import it where they use it, so fedgl loads without it."""
+    if importlib.util.find_spec("cryptography") is None:
+        raise ConfigError("privacy.secure_aggregation needs the cryptography package: pip install 'fedgl[privacy]'")
+
+
 def derive(secret: bytes, purpose: bytes, *label: int) -> bytes:
     """A 32-byte key for ``purpose`` and ``label`` from ``secret`` (HKDF-SHA256, the label in ``info``)."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
     info = purpose + b"\x00" + b"".join(int(x).to_bytes(8, "big", signed=True) for x in label)
     return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=info).derive(secret)
 
@@ -37,6 +44,8 @@ def derive(secret: bytes, purpose: bytes, *label: int) -> bytes:
 def stream(secret: bytes, size: int, purpose: bytes, *label: int) -> Tensor:
     """``size`` int64 values, uniform over Z_2^64: the ChaCha20 keystream under ``derive(secret, ...)``.
     The key is used for this one stream only, so the nonce is fixed."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
     cipher = Cipher(algorithms.ChaCha20(derive(secret, purpose, *label), bytes(16)), mode=None)
     raw = cipher.encryptor().update(bytes(8 * size))
     return torch.frombuffer(bytearray(raw), dtype=torch.int64) if size else torch.zeros(0, dtype=torch.int64)
@@ -54,13 +63,20 @@ class KeyPair:
     def generate(cls, scheme: str | None = None) -> "KeyPair":
         if (scheme or "x25519") != "x25519":
             raise ValueError(f"unknown key agreement {scheme!r}; allowed: x25519")
+        require()
+        from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
         return cls("x25519", X25519PrivateKey.generate().private_bytes_raw())
 
     def public(self) -> bytes:
+        from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
         return X25519PrivateKey.from_private_bytes(self.private).public_key().public_bytes_raw()
 
     def shared(self, peer_public: bytes) -> bytes:
         """The 32-byte secret this key shares with the owner of ``peer_public``."""
+        from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+
         if len(peer_public) != PUBLIC_BYTES:
             raise RunFailed(f"secure aggregation: a peer's public key has {len(peer_public)} bytes, not 32")
         peer = X25519PublicKey.from_public_bytes(peer_public)
