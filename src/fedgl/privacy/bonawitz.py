@@ -76,7 +76,7 @@ class Session:
     label: int
     c: KeyPair | None
     s: KeyPair | None
-    seed: bytes = b""
+    seed: bytes | None = None  # (never b"": an empty bytes value does not load from a weights-only checkpoint)
     threshold: int = 0
     u1: list[int] = field(default_factory=list)
     c_public: dict[int, bytes] = field(default_factory=dict)
@@ -134,7 +134,7 @@ class SecAggClient:
         self.session = Session(label, KeyPair.generate(), KeyPair.generate())
         c_pub, s_pub = self.session.c.public(), self.session.s.public()
         signed = as_tensor(c_pub + s_pub + self.identity.sign(keys_message(label, self.index, c_pub, s_pub)))
-        self.session.answered["advertise"] = (b"", signed)
+        self.session.answered["advertise"] = (b"advertise", signed)
         return signed
 
     def share_keys(self, label: int, ids: Tensor, table: Tensor, threshold: int) -> Tensor:

@@ -95,6 +95,9 @@ class MaskingClient:
     num_clients: int = 0
     guard: LabelGuard | None = None
 
+    def __post_init__(self) -> None:
+        self.guard = self.guard or LabelGuard(f"client {self.index}")
+
     @classmethod
     def create(cls, index: int, scheme: str | None = None) -> "MaskingClient":
         return cls(index, KeyPair.generate(scheme))
@@ -109,7 +112,6 @@ class MaskingClient:
         self.num_clients = public_keys.size(0)
         self.pair_secrets = {j: pair_secret(self.keys.shared(table[j * width : (j + 1) * width]))
                              for j in range(self.num_clients) if j != self.index}
-        self.guard = LabelGuard(f"client {self.index}")
 
     def mask(self, encoded: Tensor, participants: Tensor | None, round_index: int) -> Tensor:
         """``encoded`` plus the pairwise masks with every other participant of this round (ids;
