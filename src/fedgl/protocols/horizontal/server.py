@@ -45,38 +45,28 @@ from __future__ import annotations
 
 import math
 import secrets
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from pydantic import Field, field_validator
-from torch import Tensor, nn
-from torch.nn import functional as F
+from torch import Tensor
 from torch_geometric.data import Data
 
-from ..comm import rpc
-from ..comm.payload import nbytes
-from ..config import ModelConfig, TrainConfig
-from ..errors import ConfigError
-from ..evaluation import Evaluator
-from ..models import Backbone, select_rows
-from ..models.graph import canonical_model_name, feature_dropout, feature_linear
-from ..partition import horizontal_from_config
-from ..privacy import PrivacyConfig
-from ..privacy.dp import Accountant, ReleaseAccountant, clip, gaussian, noise_generator
-from ..privacy.secure_aggregation import (MaskedParty, MaskingClient, RequestMasking, decode, encode,
-                                          exchange_keys, ring_sum)
-from ..sampling import CSR
-from ..optim import make_model, make_optimizer
-from .base import Protocol, ProtocolOptions
-from .horizontal_client import HorizontalClient, sample_hop
-from .routing import OWN, Assembly, Handles, LayerRoute, Router
-
-# Element-wise aggregators: mean (GraphSAGE), sum (GIN), degree-normalised sum (GCN).
-SPLITTABLE = ("sage", "gin", "gcn")
+from ...comm.payload import nbytes
+from ...config import ModelConfig
+from ...errors import ConfigError
+from ...evaluation import Evaluator
+from ...models.graph import canonical_model_name
+from ...models.split_horizontal import SPLITTABLE, first_linear
+from ...optim import make_model, make_optimizer
+from ...partition import horizontal_from_config
+from ...privacy.dp import Accountant, ReleaseAccountant
+from ...privacy.secure_aggregation import decode, exchange_keys, ring_sum
+from ..base import Protocol, ProtocolOptions
+from .client import CrossClient
+from .routing import Assembly, Handles, LayerRoute, Router
 
 
-# ---- the backbone's layers applied to aggregates assembled elsewhere --------------------------------
 def check_model(model: ModelConfig, allowed: tuple[str, ...] = SPLITTABLE) -> None:
     name = canonical_model_name(model.name)
     if name not in allowed:
@@ -84,391 +74,10 @@ def check_model(model: ModelConfig, allowed: tuple[str, ...] = SPLITTABLE) -> No
                           f"aggregation needs an element-wise aggregator); allowed: {', '.join(allowed)}")
 
 
-def _first_linear(model: Backbone, layer: int) -> nn.Linear:
-    conv = model.layers[layer]
-    return {"sage": lambda: conv.lin_l, "gin": lambda: conv.nn[0], "gcn": lambda: conv.lin}[model.name]()
-
-
-def source_scale(model: Backbone, degree: Tensor) -> Tensor | None:
-    """GCN's source half of D^-1/2 (A + I) D^-1/2: a node's row is scaled by (deg + 1)^-1/2 by its
-    owner (who knows the node's in-degree) before it is summed; None for the other backbones."""
-    return (degree + 1).rsqrt().unsqueeze(1) if model.name == "gcn" else None
-
-
-def neigh(model: Backbone, layer: int, h: Tensor) -> Tensor:
-    """The bias-free linear map GraphSAGE, GIN and GCN apply to the neighbour aggregate of layer
-    ``layer``. It is linear, so it is applied to each party's rows or partial sums before adding."""
-    return feature_linear(h, _first_linear(model, layer).weight)
-
-
-def update(model: Backbone, layer: int, h_self: Tensor, neigh_sum: Tensor, neigh_count: Tensor,
-           degree: Tensor | None = None) -> Tensor:
-    """Layer ``layer`` (as the backbone's own layer computes it) from the nodes' own (dropped-out)
-    inputs and the sum, through ``neigh``, and count of their neighbours' inputs. GCN also needs the
-    nodes' in-degrees: its target half scales the (source-scaled) sum by (deg + 1)^-1/2 and by
-    deg / count, so a sampled sum estimates the full one and all neighbours give the exact layer."""
-    conv = model.layers[layer]
-    if model.name == "sage":
-        out = neigh_sum / neigh_count.clamp(min=1).unsqueeze(1) + conv.lin_l.bias + \
-            feature_linear(h_self, conv.lin_r.weight)
-    elif model.name == "gcn":
-        d = degree.unsqueeze(1)
-        out = neigh_sum * (d / neigh_count.clamp(min=1).unsqueeze(1) / (d + 1).sqrt()) + \
-            neigh(model, layer, h_self) / (d + 1) + conv.bias
-    else:
-        bias = conv.nn[0].bias
-        out = conv.nn[2](F.relu(neigh_sum + (1 + conv.eps) * neigh(model, layer, h_self) + bias))
-    return model.activation(out) if layer < model.num_layers - 1 else out
-
-
-def block_layer(model: Backbone, layer: int, h_in: Tensor, n_dst: int, src: Tensor, dst: Tensor,
-                extra_rows: Tensor | None = None, extra_sum: Tensor | None = None,
-                extra_count: Tensor | None = None, degree: Tensor | None = None) -> Tensor:
-    """Layer ``layer`` for the first ``n_dst`` rows of ``h_in`` (the layer's input, after dropout)
-    from edges src -> dst (positions), plus partial sums of input rows (and their row counts)
-    received from other parties for rows ``extra_rows``; ``degree``: in-degrees of ``h_in``'s rows
-    (GCN only; received sums come source-scaled)."""
-    projected = neigh(model, layer, h_in)
-    if model.name == "gcn":
-        projected = projected * source_scale(model, degree)
-    total = torch.zeros(n_dst, projected.size(1)).index_add(0, dst, projected[src])
-    count = torch.bincount(dst, minlength=n_dst).float()
-    if extra_rows is not None and extra_rows.numel():
-        total = total.index_add(0, extra_rows, neigh(model, layer, extra_sum))
-        count = count.index_add(0, extra_rows, extra_count.float())
-    own = h_in[:n_dst] if h_in.layout == torch.strided else select_rows(h_in, torch.arange(n_dst))
-    return update(model, layer, own, total, count, None if degree is None else degree[:n_dst])
-
-
-def _grad(t: Tensor) -> Tensor:
-    """The gradient accumulated in ``t`` (zeros where nothing reached it)."""
-    return t.grad.detach().clone() if t.grad is not None else torch.zeros_like(t.detach())
-
-
 def mib(size: int) -> str:
     """``size`` bytes in MiB, rounded up to two decimals (what a budget must at least be)."""
     return f"{math.ceil(size / 2**20 * 100) / 100:.2f}"
 
-
-def dense_rows(h: Tensor, index: Tensor) -> Tensor:
-    rows = select_rows(h, index)
-    return rows if rows.layout == torch.strided else rows.to_dense()
-
-
-# ---- one party's share of one training client's sampled computation graph --------------------------
-@dataclass
-class Plan:
-    """What one owner holds of one training client's sampled L-hop neighbourhood.
-
-    ``nodes[l]`` are the owner's local ids needed at level l (level L: the batch; level 0: inputs);
-    ``nodes[l]`` is a prefix of ``nodes[l-1]``, so a node's own previous embedding is at the same
-    position. Layer l maps level l-1 to level l through the owner's local picks (``src``/``dst``
-    positions), partial sums received for ``remote_rows`` and the pairs it serves for others.
-    """
-
-    grad: bool
-    degree: Tensor  # in-degree of every local node in the graph sampled from (GCN's normalisation)
-    nodes: dict[int, Tensor] = field(default_factory=dict)
-    picks: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)  # layer -> (dst pos, local nbr id)
-    incoming: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)  # layer -> (local id, pair id)
-    src: dict[int, Tensor] = field(default_factory=dict)
-    dst: dict[int, Tensor] = field(default_factory=dict)
-    serve_src: dict[int, Tensor] = field(default_factory=dict)
-    serve_pair: dict[int, Tensor] = field(default_factory=dict)
-    remote_rows: dict[int, Tensor] = field(default_factory=dict)
-    remote_sum: dict[int, Tensor] = field(default_factory=dict)
-    remote_count: dict[int, Tensor] = field(default_factory=dict)
-    sent: dict[int, Tensor] = field(default_factory=dict)  # sums served for layer l, kept for remote backprop
-    h: dict[int, Tensor] = field(default_factory=dict)
-    h_in: dict[int, Tensor] = field(default_factory=dict)
-    masking: RequestMasking | None = None  # this request's keys (secure aggregation)
-
-    def form(self, level: int, num_local: int) -> None:
-        """Fix ``nodes[level]``: the level above, its local picks and the picks routed here."""
-        if level in self.nodes:
-            return
-        above = self.nodes.get(level + 1, torch.zeros(0, dtype=torch.long))
-        dst, nbr = self.picks.pop(level + 1, (torch.zeros(0, dtype=torch.long),) * 2)
-        routed, pair = self.incoming.pop(level + 1, (torch.zeros(0, dtype=torch.long),) * 2)
-        pos = torch.full((num_local,), -1, dtype=torch.long)
-        pos[above] = torch.arange(above.numel())
-        fresh = torch.cat([nbr, routed])
-        fresh = torch.unique(fresh[pos[fresh] < 0])
-        nodes = torch.cat([above, fresh])
-        pos[fresh] = torch.arange(above.numel(), nodes.numel())
-        self.nodes[level] = nodes
-        self.src[level + 1], self.dst[level + 1] = pos[nbr], dst
-        if routed.numel():
-            self.serve_src[level + 1], self.serve_pair[level + 1] = pos[routed], pair
-
-    def embeddings(self, level: int, model: Backbone, x: Tensor) -> Tensor:
-        """This owner's layer-``level`` embeddings of ``nodes[level]``, computed once per step."""
-        if level not in self.h:
-            self.form(level, x.size(0))
-            with torch.set_grad_enabled(self.grad):
-                if level == 0:
-                    self.h[0] = select_rows(x, self.nodes[0])
-                else:
-                    self.h[level] = block_layer(
-                        model, level - 1, self.inputs(level - 1, model, x), self.nodes[level].numel(),
-                        self.src[level], self.dst[level], self.remote_rows.get(level),
-                        self.remote_sum.get(level), self.remote_count.get(level), self.degree[self.nodes[level - 1]])
-            if not self.grad:  # nothing differentiates through them later: the received sums are spent
-                for received in (self.remote_rows, self.remote_sum, self.remote_count):
-                    received.pop(level, None)
-        return self.h[level]
-
-    def inputs(self, level: int, model: Backbone, x: Tensor) -> Tensor:
-        """The input of layer ``level + 1``: the embeddings after dropout, one mask per node, used
-        both for the owner's own targets and for the sums it sends."""
-        if level not in self.h_in:
-            h = self.embeddings(level, model, x)
-            with torch.set_grad_enabled(self.grad):
-                self.h_in[level] = feature_dropout(h, model.dropout, model.training)
-        return self.h_in[level]
-
-    def reusable(self) -> "Plan":
-        """The same sampled neighbourhood with its received remote sums, for recomputation later."""
-        return Plan(True, self.degree, nodes=dict(self.nodes), src=dict(self.src), dst=dict(self.dst),
-                    remote_rows=dict(self.remote_rows), remote_sum=dict(self.remote_sum),
-                    remote_count=dict(self.remote_count))
-
-
-# ---- the client ----------------------------------------------------------------------------------
-class CrossClient(MaskedParty, HorizontalClient):
-    """A client holding one horizontal shard: trains on it and serves partial sums to others."""
-
-    def __init__(self, name: str, seed: int, shard: Any, model: ModelConfig, train: TrainConfig,
-                 num_features: int, num_classes: int, batch_size: int | None, fanouts: list[int],
-                 min_aggregate: int = 2, remote_backprop: bool = False, privacy: PrivacyConfig | None = None,
-                 index: int = 0):
-        super().__init__(name, seed, shard, model, num_features, num_classes)
-        self.privacy = privacy or PrivacyConfig()
-        self.masker = MaskingClient.create(index) if self.privacy.secure_aggregation else None
-        self.noise = noise_generator(seed) if self.privacy.dp is not None else None
-        self.train_cfg = train
-        self.batch_size = batch_size
-        self.fanouts = list(fanouts)
-        self.min_aggregate = min_aggregate
-        self.remote_backprop = remote_backprop
-        n = self.x.size(0)
-        self.degree = {"local": self.local_csr.rowptr.diff().float(), "full": self.full_csr.rowptr.diff()[:n].float()}
-        self.plans: dict[str, Plan] = {}
-        self.reuse: Plan | None = None
-        self.optimizer: torch.optim.Optimizer | None = None
-
-    @property
-    def levels(self) -> int:
-        return self.model.num_layers
-
-    # ---- building plans ------------------------------------------------------------------------
-    def _batch(self) -> Tensor:
-        idx = self.train_idx
-        if self.batch_size is None or self.batch_size >= idx.numel():
-            return idx
-        return idx[torch.randperm(idx.numel(), generator=self.generator)[: self.batch_size]]
-
-    def _sample(self, plan: Plan, level: int, csr: CSR) -> dict[str, Tensor]:
-        """Sample layer ``level``'s in-neighbours of ``nodes[level]``; keep the local picks, return
-        the remote ones (position of the target, global id of the neighbour) for the server."""
-        n = self.x.size(0)
-        plan.form(level, n)
-        dst, col = sample_hop(csr, plan.nodes[level], self.fanouts[level - 1], self.generator)
-        local = col < n
-        plan.picks[level] = (dst[local], col[local])
-        targets = dst[~local]
-        plan.remote_rows[level] = torch.unique(targets)
-        return {"targets": targets, "ids": self.remote_ids[col[~local] - n]}
-
-    def _own_plan(self, csr: CSR) -> tuple[Plan, dict[str, Tensor]]:
-        plan = Plan(True, self.degree["full" if csr is self.full_csr else "local"])
-        plan.nodes[self.levels] = self._batch()
-        return plan, self._sample(plan, self.levels, csr)
-
-    def _local_plan(self) -> Plan:
-        """Algorithm 3: a batch and its L-hop neighbourhood in the local subgraph only."""
-        plan, _ = self._own_plan(self.local_csr)
-        for level in range(self.levels - 1, 0, -1):
-            self._sample(plan, level, self.local_csr)
-        return plan
-
-    def _loss(self, plan: Plan) -> Tensor:
-        self.model.train()
-        out = plan.embeddings(self.levels, self.model, self.features)
-        return F.cross_entropy(out, self.y[plan.nodes[self.levels]])
-
-    def _gradient(self, plan: Plan, retain: bool = False) -> dict[str, Any]:
-        """Loss and parameter gradient on ``plan``'s batch (``retain``: keep the graph for remote backprop)."""
-        self.model.zero_grad(set_to_none=False)
-        loss = self._loss(plan)
-        loss.backward(retain_graph=retain)
-        grads = {name: p.grad.detach().clone() for name, p in self.model.named_parameters()}
-        return {"gradient": grads, "loss": float(loss.detach())}
-
-    def _upload(self, out: dict[str, Any], round_index: int | None) -> dict[str, Any]:
-        """The gradient as it leaves the client: with DP clipped to ``max_norm`` and noised; with secure
-        aggregation the fixed-point row ``[w * gradient, w, w * loss]`` (w = 1, or 0 for a client
-        without training nodes), masked with every other client's pairwise masks for this iteration."""
-        if not self.privacy.requested():
-            return out
-        flat = torch.cat([g.flatten() for g in out["gradient"].values()]) if out else \
-            torch.cat([p.detach().flatten() for p in self.model.parameters()]).zero_()
-        if self.privacy.dp is not None and out:
-            flat = gaussian(clip(flat.unsqueeze(0), self.privacy.dp.max_norm)[0], self.privacy.dp, self.noise)
-        if self.masker is None:
-            sizes = [g.numel() for g in out["gradient"].values()]
-            return out | {"gradient": {name: part.view_as(g) for (name, g), part in
-                                       zip(out["gradient"].items(), flat.split(sizes))}}
-        values = torch.cat([flat.double(), torch.tensor([1.0, out.get("loss", 0.0)], dtype=torch.float64)])
-        encoded = encode(values.unsqueeze(0), torch.tensor([1 if out else 0]), self.masker.num_clients)
-        return {"masked": self.masker.mask(encoded[0], None, round_index)}
-
-    # ---- remote calls --------------------------------------------------------------------------
-    @rpc(state="model", returns={"gradient": "gradient", "loss": "control", "targets": "index", "ids": "index",
-                                 "masked": "gradient"})
-    def begin(self, state: dict[str, Tensor], mode: str, round_index: int | None = None) -> dict[str, Any]:
-        """Start an iteration with the global parameters: 'local' (Algorithm 3) returns a gradient;
-        'cross' (Algorithm 2) returns the batch's remote picks; 'reuse' recomputes the last
-        cross-client neighbourhood with the remote sums received then (FedGNN-PNS). ``round_index``
-        (secure aggregation) seeds this iteration's masks."""
-        self.model.load_state_dict(state)
-        self.plans = {}
-        if self.train_idx.numel() == 0:  # masked, an empty client still sends its (zero) share
-            return self._upload({}, round_index) if self.masker is not None else {}
-        if mode == "reuse":  # never a silent fallback to local training
-            if self.reuse is None:
-                raise RuntimeError(f"{self.name} has no cross-client neighbourhood to reuse; sample one first")
-            return self._upload(self._gradient(self.reuse.reusable()), round_index)
-        if mode != "cross":
-            return self._upload(self._gradient(self._local_plan()), round_index)
-        plan, picks = self._own_plan(self.full_csr)
-        self.plans[OWN] = plan
-        return picks
-
-    @rpc(incoming="index", returns="index")
-    def route(self, level: int, incoming: dict[str, dict[str, Tensor]]) -> dict[str, dict[str, Tensor]]:
-        """Take the nodes routed here as picks of layer level+1 and sample level ``level``."""
-        self._receive(level + 1, incoming)
-        out = {}
-        for trainer, plan in self.plans.items():
-            picks = self._sample(plan, level, self.full_csr)
-            if picks["ids"].numel():
-                out[trainer] = picks
-        return out
-
-    @rpc(incoming="index", returns="control")
-    def request_keys(self, incoming: dict[str, dict[str, Tensor]]) -> dict[str, Tensor]:
-        """Secure aggregation: take the first layer's picks routed here (``propagate`` does without
-        it), make a fresh key pair for every request this client takes part in and return the public
-        keys, by request name."""
-        self._receive(1, incoming)
-        for plan in self.plans.values():
-            plan.masking = RequestMasking.create()
-        return {name: plan.masking.public_key() for name, plan in self.plans.items()}
-
-    @rpc(peers="control")
-    def request_peers(self, peers: dict[str, Tensor]) -> None:
-        """Each request's public keys as the server relays them (one row per party, no names)."""
-        for name, table in peers.items():
-            self.plans[name].masking.agree(table)
-
-    @rpc(incoming="index", remote="embedding", counts="index", mask_to="index", unmask="index",
-         returns={"sums": "embedding", "counts": "index"})
-    def propagate(self, layer: int, incoming: dict[str, dict[str, Tensor]] | None = None,
-                  remote: dict[str, Tensor] | None = None, counts: dict[str, Tensor] | None = None,
-                  mask_to: dict[str, Tensor] | None = None, unmask: dict[str, Tensor] | None = None) -> dict:
-        """Receive the cross-owner sums for layer ``layer-1`` (Eq. 6) and return this owner's
-        partial sums for layer ``layer`` (Eq. 5): one vector per (target, owner) pair. Secure
-        aggregation: ``mask_to`` names every pair's recipient (a row of the request's key table),
-        ``unmask`` which masked vectors went into each received sum (see ``RequestMasking``)."""
-        self._receive(layer, incoming or {})
-        self._store(layer - 1, remote or {}, counts or {}, unmask)
-        sums, sizes = {}, {}
-        for trainer, plan in self.plans.items():
-            plan.form(layer - 1, self.x.size(0))
-            if layer not in plan.serve_pair:
-                continue
-            pair, src = plan.serve_pair[layer], plan.serve_src[layer]
-            backprop = self.remote_backprop and layer > 1  # raw features (layer 1) have no gradient
-            h_in = plan.inputs(layer - 1, self.model, self.features)
-            rows = dense_rows(h_in if backprop else h_in.detach(), src)
-            scale = source_scale(self.model, plan.degree[plan.nodes[layer - 1][src]])
-            rows = rows if scale is None else rows * scale
-            if self.privacy.dp is not None:  # every row's influence on a sum bounded by max_norm
-                rows = clip(rows, self.privacy.dp.max_norm)
-            npairs = int(pair.max()) + 1
-            total = torch.zeros(npairs, rows.size(1)).index_add_(0, pair, rows)
-            size = torch.bincount(pair, minlength=npairs)
-            if layer == 1 and self.min_aggregate > 1:
-                # Raw features leave only inside sums of at least ``min_aggregate`` rows that are
-                # non-zero as summed (after dropout); a withheld pair sends count 0 and no vector.
-                nonzero = torch.bincount(pair, weights=(rows != 0).any(1).double(), minlength=npairs)
-                size[nonzero < self.min_aggregate] = 0
-            if self.privacy.dp is not None:
-                total = gaussian(total, self.privacy.dp)
-            if plan.masking is not None:  # fixed point, masked for the recipient: the server learns nothing
-                encoded = encode(total, torch.ones(npairs, dtype=torch.long), len(plan.masking.peers))
-                total = plan.masking.mask(encoded, mask_to[trainer], layer)
-            if bool((size == 0).any()):
-                total = total[size > 0]
-            if backprop:
-                plan.sent[layer] = total
-            sums[trainer], sizes[trainer] = total.detach(), size
-        return {"sums": sums, "counts": sizes}
-
-    @rpc(remote="embedding", counts="index", unmask="index",
-         returns={"gradient": "gradient", "loss": "control", "masked": "gradient"})
-    def finish(self, remote: dict[str, Tensor], counts: dict[str, Tensor], keep: bool = False,
-               unmask: dict[str, Tensor] | None = None, round_index: int | None = None) -> dict[str, Any]:
-        """Eq. (7)-(8) on the batch with the last layer's cross-owner sums; return the gradient."""
-        self._store(self.levels, remote, counts, unmask)
-        plan = self.plans[OWN]
-        out = self._gradient(plan, retain=self.remote_backprop)
-        if keep:
-            self.reuse = plan.reusable()
-        if not self.remote_backprop:
-            self.plans = {}
-        return self._upload(out, round_index)
-
-    @rpc(grads="gradient", returns={"sums": "gradient", "gradient": "gradient"})
-    def backward(self, level: int, grads: dict[str, Tensor] | None = None) -> dict[str, Any]:
-        """App. H.1, one level down: backpropagate the gradients of the sums this owner served for
-        layer ``level + 1``; return the gradients of the cross-owner sums it received for level
-        ``level`` or, at level 1, its share of the parameters' gradient (and release the plans)."""
-        if level == self.levels:
-            self.model.zero_grad(set_to_none=True)  # the trainer's own share went up with ``finish``
-        for trainer, grad in (grads or {}).items():
-            torch.autograd.backward(self.plans[trainer].sent[level + 1], grad, retain_graph=True)
-        if level > 1:
-            return {"sums": {trainer: _grad(plan.remote_sum[level]) for trainer, plan in self.plans.items()
-                             if level in plan.remote_sum and plan.remote_sum[level].requires_grad}}
-        self.plans = {}
-        params = dict(self.model.named_parameters())
-        if all(p.grad is None for p in params.values()):
-            return {}
-        return {"gradient": {name: _grad(p) for name, p in params.items()}}
-
-    def _receive(self, layer: int, incoming: dict[str, dict[str, Tensor]]) -> None:
-        for trainer, msg in incoming.items():
-            grad = trainer == OWN or self.remote_backprop
-            plan = self.plans.setdefault(trainer, Plan(grad, self.degree["full"]))
-            plan.incoming[layer] = (msg["u"], msg["pair"])
-
-    def _store(self, layer: int, remote: dict[str, Tensor], counts: dict[str, Tensor],
-               unmask: dict[str, Tensor] | None = None) -> None:
-        """Keep the cross-owner sums of level ``layer``: one count per target with remote picks, one
-        vector per target whose count is not zero (targets whose every pair was withheld get none);
-        masked sums are unmasked and decoded first."""
-        for trainer, rows in remote.items():
-            plan, count = self.plans[trainer], counts[trainer]
-            if unmask is not None:
-                target, sender, rank = unmask.get(trainer, torch.zeros(3, 0, dtype=torch.long))  # none: no row
-                row = torch.cumsum(count > 0, 0) - 1  # a target's row among those sent a vector
-                rows = decode(plan.masking.unmask(rows, torch.stack([row[target], sender, rank]), layer)).float()
-            plan.remote_rows[layer] = plan.remote_rows[layer][count > 0]
-            if self.remote_backprop and layer > 1:
-                rows.requires_grad_(True)  # its gradient goes back to the owners (``backward``)
-            plan.remote_sum[layer], plan.remote_count[layer] = rows, count[count > 0]
 
 
 # ---- the protocol base ------------------------------------------------------------------------------
@@ -687,7 +296,7 @@ class CrossClientProtocol(Protocol):
         the server assembles from all of them (a row per target that can receive a vector, a count per
         target), in bytes. Vectors have the layer's input width, in int64 when masked."""
         dtype = torch.int64 if self.cfg.privacy.secure_aggregation else torch.float32
-        width = _first_linear(self.model, layer - 1).weight.size(1) * dtype.itemsize
+        width = first_linear(self.model, layer - 1).weight.size(1) * dtype.itemsize
         fewest = self.opts.min_aggregate if layer == 1 else 1  # first-layer pairs below it are withheld
         owners = torch.arange(len(self.clients))
         replies, assembled = torch.zeros(len(self.clients), dtype=torch.long), 0

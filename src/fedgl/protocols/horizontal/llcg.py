@@ -24,15 +24,17 @@ from pydantic import Field
 from torch import Tensor
 from torch.nn import functional as F
 
-from ..comm import rpc
-from ..config import TrainConfig
-from ..errors import ConfigError
-from ..optim import make_optimizer
-from ..models import as_model_input
-from ..models.graph import feature_dropout
-from .cross_client import CrossClient, CrossClientProtocol, MiniBatchOptions, block_layer
-from .horizontal_client import FEATURE_DENSITY, sample_hop
-from .fedavg import weighted_average
+from ...comm import rpc
+from ...config import TrainConfig
+from ...errors import ConfigError
+from ...optim import make_optimizer
+from ...models import as_model_input
+from ...models.graph import feature_dropout
+from ...models.split_horizontal import block_layer
+from ..fedavg import weighted_average
+from .client import CrossClient
+from .server import CrossClientProtocol, MiniBatchOptions
+from .shared import FEATURE_DENSITY, sample_hop
 
 
 class LLCGOptions(MiniBatchOptions):

@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from .cross_client import CrossClientOptions, CrossClientProtocol
+from .server import CrossClientOptions, CrossClientProtocol
 
 
 class PNSOptions(CrossClientOptions):

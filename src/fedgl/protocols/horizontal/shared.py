@@ -1,6 +1,6 @@
 """What every horizontal cross-client client holds: its shard, laid out for sampling across clients.
 
-Shared by the Swift-FedGNN family (``cross_client.py``) and FedAAS. A client holds its nodes'
+Shared by the Swift-FedGNN family (``client.py``) and FedAAS. A client holds its nodes'
 features and labels and its intra-client edges, plus the global ids of its nodes' remote
 in-neighbours, never their data nor their owner. Remote in-neighbours become columns ``n, n+1, ...``
 of ``full_csr`` (rows past ``n`` stay empty), so one weighted or uniform draw over ``full_csr``
@@ -14,12 +14,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .. import device as devices
-from ..comm import Party
-from ..config import ModelConfig
-from ..models import as_model_input
-from ..optim import make_model
-from ..sampling import CSR, sample_neighbors
+from ... import device as devices
+from ...comm import Party
+from ...config import ModelConfig
+from ...models import as_model_input
+from ...optim import make_model
+from ...sampling import CSR, sample_neighbors
 
 FEATURE_DENSITY = 0.1  # feature matrices sparser than this are computed on as sparse rows
 

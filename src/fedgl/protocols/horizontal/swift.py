@@ -15,8 +15,8 @@ import torch
 from pydantic import Field
 from torch_geometric.data import Data
 
-from ..errors import ConfigError
-from .cross_client import CrossClientOptions, CrossClientProtocol
+from ...errors import ConfigError
+from .server import CrossClientOptions, CrossClientProtocol
 
 
 class SwiftOptions(CrossClientOptions):
