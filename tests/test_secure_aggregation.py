@@ -19,6 +19,7 @@ from fedgl.privacy import bonawitz, identity, masks, secure_aggregation as sa, s
 from fedgl.privacy.bonawitz import SecAggClient
 from fedgl.protocols import aggregation
 from fedgl.protocols.aggregation import SecureSumParty, secure_sum, trust_identities
+from fedgl.runner import Run
 
 N, D = 10, 64
 
@@ -258,3 +259,50 @@ def test_the_threshold_setting():
     assert privacy({"threshold": 8}).secure_threshold(10) == 8
     with pytest.raises(ConfigError, match="threshold: Input should be greater than or equal to 2"):
         privacy({"threshold": 1})
+
+
+# ---- FedAvg on the layer ------------------------------------------------------------------------------
+def fedavg(dataset: str, privacy: dict, rounds: int) -> dict:
+    options = {"options": {"num_nodes": 400}} if dataset == "synthetic" else {}
+    return build_config({"dataset": {"name": dataset, **options}, "partition": {"num_clients": 10},
+                         "protocol": {"name": "fedavg", "local_epochs": 1, "group_size": 1},
+                         "model": {"hidden": 16}, "train": {"rounds": rounds}, "network": {"compute": "ignore"},
+                         "privacy": privacy})
+
+
+def dropping(job: Run, rounds: set[int], clients: list[int]) -> Run:
+    """The server stops waiting for ``clients``' uploads in ``rounds`` (they trained; nothing arrives)."""
+    gone = {f"client{c}" for c in clients}
+    job.protocol.absent = lambda r, step: gone if r in rounds and step == "input" else set()
+    return job
+
+
+def dropouts_end_where_the_plain_run_ends(tmp_path, dataset: str, rounds: int, drops: set[int]) -> None:
+    """Three of ten clients dropped mid-round in ``drops``: the secure run (threshold 6) has the
+    metrics of the plain run dropping the same clients; five dropped stop the round in one line."""
+    secure = {"secure_aggregation": {"threshold": 6}}
+    runs = [dropping(Run(fedavg(dataset, privacy, rounds), tmp_path / name), drops, [1, 4, 8]).execute(progress=False)
+            for name, privacy in (("plain", {}), ("secure", secure))]
+    plain, masked = (r.metrics for r in runs)
+    assert len(plain) == len(masked) == rounds
+    for a, b in zip(plain, masked):
+        for key in ("train_loss", "val_accuracy", "val_loss", "test_accuracy", "test_loss"):
+            assert b[key] == pytest.approx(a[key], abs=1e-5), (key, a["round"])
+    # the comparison can tell: without the drops the first dropped round's loss differs
+    first = min(drops)
+    undropped = Run(fedavg(dataset, {}, first), tmp_path / "undropped").execute(progress=False).metrics
+    assert undropped[-1]["train_loss"] != pytest.approx(plain[first - 1]["train_loss"], abs=1e-5)
+    five = dropping(Run(fedavg(dataset, secure, first), tmp_path / "five"), drops, list(range(5)))
+    with pytest.raises(RunFailed) as err:
+        five.execute(progress=False)
+    assert "5 of 10 clients left at the input step, fewer than the threshold 6" in one_line(err)
+
+
+def test_fedavg_with_dropouts_ends_where_the_plain_run_with_the_same_dropouts_ends(tmp_path):
+    dropouts_end_where_the_plain_run_ends(tmp_path, "synthetic", 2, {2})
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("data_root")
+def test_fedavg_on_cora_with_dropouts_in_rounds_3_and_7(tmp_path):
+    dropouts_end_where_the_plain_run_ends(tmp_path, "cora", 8, {3, 7})

@@ -12,26 +12,28 @@ same trajectories and the same model bytes: each member's model travels as its o
 
 Privacy (``RunConfig.privacy``, ``fedgl.privacy``): with ``dp`` each client clips its update (its model
 minus the global model it received) and adds Gaussian noise before anything leaves it; the server
-tracks epsilon with the accountant. With ``secure_aggregation`` the clients agree on pairwise keys once
-at setup (``public_key`` then ``agree``, relayed by the server) and each round a client sends only
-``[w * model, w, w * loss]`` (w its training-node count) in fixed point with pairwise masks, so the
-server learns the weighted sums and nothing per client.
+tracks epsilon with the accountant. With ``secure_aggregation`` (one party per client) a client keeps
+``[w * model, w, w * loss]`` (w its training-node count) in fixed point and the server sums them with
+``protocols/aggregation.py``'s ``secure_sum`` (Bonawitz et al., with the configured threshold), so it
+learns the weighted sums of the clients that stay to the end of the round and nothing per client.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Collection
 
 import torch
 from pydantic import Field
 from torch_geometric.data import Data
 
+from .aggregation import SecureSumParty, secure_sum, trust_identities
 from .fedavg_group import ClientGroupTrainer, flat_state, groupable, state_from_row
 from ..comm import Party, Rows, Transport, rpc
 from ..config import ModelConfig, RunConfig, TrainConfig
 from ..privacy import PrivacyConfig
 from ..privacy.dp import Accountant, privatize
-from ..privacy.secure_aggregation import MaskedParty, MaskingClient, decode, encode, exchange_keys, ring_sum
+from ..privacy.bonawitz import SecAggClient
+from ..privacy.secure_aggregation import MIN_PARTICIPANTS, encode
 from ..errors import ConfigError, RunFailed
 from ..evaluation import Evaluator
 from ..partition import horizontal_from_config
@@ -52,23 +54,20 @@ class FedAvgOptions(ProtocolOptions):
 
 
 def private_reply(rows: torch.Tensor, start: torch.Tensor, num_train: torch.Tensor, loss: torch.Tensor,
-                  privacy: PrivacyConfig, generators: list[torch.Generator | None], maskers: list[MaskingClient],
-                  participants: torch.Tensor | None, round_index: int) -> dict[str, torch.Tensor]:
-    """What k clients send after training from ``start`` to ``rows`` (``flat_state`` rows): with DP
-    the noised, clipped updates applied to ``start``; with secure aggregation only the masked
-    fixed-point rows ``[w * model, w, w * loss]``, w = training nodes (``participants``: the ids of
-    this round's clients, None = all)."""
+                  privacy: PrivacyConfig, generators: list[torch.Generator | None],
+                  summands: int) -> dict[str, torch.Tensor]:
+    """What k clients release after training from ``start`` to ``rows`` (``flat_state`` rows): with DP
+    the noised, clipped updates applied to ``start``; with secure aggregation the fixed-point rows
+    ``[w * model, w, w * loss]`` (w = training nodes) for a secure sum of ``summands`` clients."""
     if privacy.dp is not None:
         rows = start + privatize(rows - start, privacy.dp, generators)
     if not privacy.secure_aggregation:
         return {"state": rows, "num_train": num_train, "loss": loss}
     values = torch.cat([rows.double(), torch.ones_like(loss).unsqueeze(1), loss.unsqueeze(1)], 1)
-    count = maskers[0].num_clients if participants is None else participants.numel()
-    encoded = encode(values, num_train, count)
-    return {"masked": torch.stack([m.mask(e, participants, round_index) for m, e in zip(maskers, encoded)])}
+    return {"encoded": encode(values, num_train, summands)}
 
 
-class FedAvgClient(MaskedParty, Party):
+class FedAvgClient(SecureSumParty, Party):
     def __init__(self, name: str, seed: int, shard: Any, model: ModelConfig, train: TrainConfig | None,
                  num_features: int, num_classes: int, local_epochs: int, batch_size: int | None,
                  index: int = 0, privacy: PrivacyConfig | None = None):
@@ -79,12 +78,12 @@ class FedAvgClient(MaskedParty, Party):
         self.local_epochs = local_epochs
         self.batch_size = batch_size
         self.privacy = privacy or PrivacyConfig()
-        self.masker = MaskingClient.create(index) if self.privacy.secure_aggregation else None
+        self.secagg = SecAggClient.create(index) if self.privacy.secure_aggregation else None
 
-    @rpc(state="model", participants="index",
-         returns={"state": "model", "num_train": "control", "loss": "control", "masked": "model"})
-    def train(self, state: dict[str, torch.Tensor], participants: torch.Tensor | None = None,
-              round_index: int = 0) -> dict[str, Any]:
+    @rpc(state="model", summands="control", returns={"state": "model", "num_train": "control", "loss": "control"})
+    def train(self, state: dict[str, torch.Tensor], summands: int = 0) -> dict[str, Any]:
+        """Local training from ``state``; the model is returned, or under secure aggregation kept
+        encoded for the secure sum of ``summands`` clients that follows."""
         self.trainer.set_state(state)
         loss = self.trainer.train_epochs(self.local_epochs, self.batch_size) if self.num_train else 0.0
         trained = self.trainer.get_state()
@@ -92,9 +91,10 @@ class FedAvgClient(MaskedParty, Party):
             return {"state": trained, "num_train": self.num_train, "loss": loss}
         reply = private_reply(flat_state(trained).unsqueeze(0), flat_state(state).unsqueeze(0),
                               torch.tensor([self.num_train]), torch.tensor([loss], dtype=torch.float64),
-                              self.privacy, [None], [self.masker], participants, round_index)
-        if "masked" in reply:
-            return {"masked": reply["masked"][0]}
+                              self.privacy, [None], summands)
+        if "encoded" in reply:
+            self.secure_value = reply["encoded"][0]
+            return {}
         return {"state": state_from_row(reply["state"][0], trained), "num_train": self.num_train, "loss": loss}
 
 
@@ -119,24 +119,10 @@ class FedAvgGroup(Party):
         self.num_train = torch.tensor([c.num_train for c in clients])
         self.local_epochs = local_epochs
         self.privacy = privacy or PrivacyConfig()
-        self.maskers = [c.masker for c in clients]
 
-    @rpc(returns=Rows("control"))
-    def public_key(self) -> torch.Tensor:
-        """Every member's public key, one row each."""
-        return torch.stack([m.public_key() for m in self.maskers])
-
-    @rpc(public_keys=Rows("control"))
-    def agree(self, public_keys: torch.Tensor) -> None:
-        """``public_keys[m]``: the relayed table of all clients' keys, as member ``m`` receives it."""
-        for masker, table in zip(self.maskers, public_keys):
-            masker.agree(table)
-
-    @rpc(state=Rows("model"), users="index", participants="index",
-         returns={"state": Rows("model"), "num_train": Rows("control"), "loss": Rows("control"),
-                  "masked": Rows("model")})
-    def train(self, state: torch.Tensor, users: torch.Tensor | None = None, participants: torch.Tensor | None = None,
-              round_index: int = 0) -> dict[str, torch.Tensor]:
+    @rpc(state=Rows("model"), users="index",
+         returns={"state": Rows("model"), "num_train": Rows("control"), "loss": Rows("control")})
+    def train(self, state: torch.Tensor, users: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """``state`` holds one ``flat_state`` row per listed member (``users``; None = all)."""
         self.trainer.set_rows(state, users)
         num_train = self.num_train if users is None else self.num_train[users]
@@ -146,8 +132,7 @@ class FedAvgGroup(Party):
         if bool(training.any()):
             loss[training] = self.trainer.train_epochs(self.local_epochs, members[training]).double()
         return private_reply(self.trainer.get_rows(users), state, num_train, loss, self.privacy,
-                             [self.trainer.members[m].generator for m in members.tolist()],
-                             [self.maskers[m] for m in members.tolist()], participants, round_index)
+                             [self.trainer.members[m].generator for m in members.tolist()], 0)
 
 
 def weighted_average(states: list[dict[str, torch.Tensor]], weights: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -165,6 +150,10 @@ class FedAvg(Protocol):
         super().__init__(cfg, transport)
         self.privacy = cfg.privacy
         self.accountant = Accountant(cfg.privacy.dp) if cfg.privacy.dp is not None else None
+        self.sums = 0  # secure sums run so far: each one's label, never used twice
+        # the parties that do not answer a step ("input": the upload) of a round; the server's timeouts
+        # (a run in one process never times out, so None: everyone answers)
+        self.absent: Callable[[int, str], Collection[str]] | None = None
 
     def build(self, num_features: int, num_classes: int) -> None:
         self.model = make_model(self.cfg.model, num_features, num_classes)
@@ -180,9 +169,8 @@ class FedAvg(Protocol):
             for m, shard in enumerate(part.shards)
         ]
         self.alive = torch.ones(self.num_clients, dtype=torch.bool)
-        if self.privacy.secure_aggregation and self.sample_size() < 2:
-            raise ConfigError(f"fedavg: privacy.secure_aggregation needs at least 2 clients per round, got "
-                              f"{self.sample_size()} (partition.num_clients x protocol.client_fraction)")
+        if self.privacy.secure_aggregation:
+            self.check_secure_round()
         self.size = size = self.group_size()  # clients per party: client m is member m % size of party m // size
         if size == 1:
             self.clients = self.transport.spawn(FedAvgClient, clients)
@@ -195,14 +183,26 @@ class FedAvg(Protocol):
 
     def start(self) -> None:
         if self.privacy.secure_aggregation:
-            exchange_keys(self.transport, self.clients)
+            trust_identities(self.transport, self.clients)
+
+    def check_secure_round(self) -> None:
+        """A secure sum needs 3 clients per round and no more than that for its threshold."""
+        count, threshold = self.sample_size(), self.privacy.secure_threshold(self.sample_size())
+        if count < MIN_PARTICIPANTS or threshold > count:
+            raise ConfigError(f"fedavg: privacy.secure_aggregation needs at least {MIN_PARTICIPANTS} clients per "
+                              f"round and no fewer than its threshold {threshold}, got {count} "
+                              f"(partition.num_clients x protocol.client_fraction)")
 
     def group_size(self) -> int:
         """Clients per party (see ``FedAvgOptions.group_size``)."""
         batchable = groupable(self.cfg.model.name) and self.opts.batch_size is None
         size = self.opts.group_size
         if size is None:
-            return self.num_clients if batchable and self.sample_size() == self.num_clients else 1
+            whole = batchable and self.sample_size() == self.num_clients and not self.privacy.secure_aggregation
+            return self.num_clients if whole else 1
+        if size > 1 and self.privacy.secure_aggregation:
+            raise ConfigError(f"fedavg group_size {size}: privacy.secure_aggregation needs one party per client "
+                              f"(each holds its own secrets); use group_size 1")
         if size > 1 and not batchable:
             raise ConfigError(f"fedavg group_size {size} needs a gcn or sage backbone and full-batch training "
                               f"(batch_size unset), got model '{self.cfg.model.name}' and batch_size "
@@ -222,10 +222,6 @@ class FedAvg(Protocol):
         return alive[torch.randperm(alive.numel(), generator=self.generator)[:k]].sort().values
 
     def drop_parties(self, names: list[str]) -> None:
-        if self.privacy.secure_aggregation:
-            raise RunFailed(f"fedavg lost {', '.join(names)} under secure aggregation: the pairwise masks of a "
-                            f"lost client cannot be removed without an unmasking round, which fedgl does not "
-                            f"implement; use backend.on_client_failure: stop or retry")
         for name in names:
             party = self.clients.index(name)
             self.alive[party * self.size : (party + 1) * self.size] = False
@@ -239,40 +235,51 @@ class FedAvg(Protocol):
             self.accountant.step(chosen.numel() / int(self.alive.sum()))
             stats["epsilon"] = self.accountant.epsilon()
         state = self.model.state_dict()
-        masking = {}
-        if self.privacy.secure_aggregation:  # who masks with whom this round (None: every client)
-            masking = {"participants": None if chosen.numel() == self.num_clients else chosen,
-                       "round_index": round_index}
-        out = (self.train_groups if self.size > 1 else self.train_clients)(chosen, state, masking)
-        if "masked" in out:
-            total = decode(ring_sum(out["masked"]))  # [sum w * model, sum w, sum w * loss]
+        secure = {"summands": chosen.numel()} if self.privacy.secure_aggregation else {}
+        out = (self.train_groups if self.size > 1 else self.train_clients)(chosen, state, secure)
+        if secure:
+            total = self.secure_total(chosen, round_index)  # [sum w * model, sum w, sum w * loss]
             if total[-2] <= 0:
                 return {"train_loss": float("nan"), **stats}
             average, loss = total[:-2] / total[-2], float(total[-1] / total[-2])
         else:
-            rows, weights = out["state"], out["num_train"].to(out["state"].dtype)
+            arrived = torch.tensor([self.clients[p] not in self.gone(round_index, "input")
+                                    for p in chosen.div(self.size, rounding_mode="floor").tolist()])
+            rows, weights = out["state"][arrived], out["num_train"][arrived].to(out["state"].dtype)
             if weights.sum() <= 0:
                 return {"train_loss": float("nan"), **stats}
             average = (weights / weights.sum()) @ rows
-            loss = float((out["loss"].to(rows.dtype) * weights).sum() / weights.sum())
+            loss = float((out["loss"][arrived].to(rows.dtype) * weights).sum() / weights.sum())
         self.model.load_state_dict(state_from_row(average, state))
         return {"train_loss": loss, **stats}
 
+    def gone(self, round_index: int, step: str) -> set[str]:
+        return set(self.absent(round_index, step)) if self.absent is not None else set()
+
+    def secure_total(self, chosen: torch.Tensor, round_index: int) -> torch.Tensor:
+        """The decoded sum of the chosen clients' encoded rows that stay to the end of the secure sum."""
+        self.sums += 1
+        total, _ = secure_sum(self.transport, [self.clients[i] for i in chosen.tolist()], chosen.tolist(), self.sums,
+                              self.privacy.secure_threshold(chosen.numel()), lambda step: self.gone(round_index, step))
+        return total
+
     def train_clients(self, chosen: torch.Tensor, state: dict[str, torch.Tensor],
-                      masking: dict[str, Any]) -> dict[str, torch.Tensor]:
+                      secure: dict[str, Any]) -> dict[str, torch.Tensor]:
         """One party per client: the global ``state`` to each; their replies stacked in the order of
-        ``chosen`` (models as ``flat_state`` rows, training-node counts, losses; or masked rows)."""
-        replies = self.transport.call_many([self.clients[i] for i in chosen], "train", state=state, **masking)
-        if "masked" in replies[0]:
-            return {"masked": torch.stack([r["masked"] for r in replies])}
+        ``chosen`` (models as ``flat_state`` rows, training-node counts, losses; nothing under secure
+        aggregation, where the clients keep their rows for ``secure_total``)."""
+        replies = self.transport.call_many([self.clients[i] for i in chosen], "train", state=state, **secure)
+        if secure:
+            return {}
         return {"state": torch.stack([flat_state(r["state"]) for r in replies]),
                 "num_train": torch.tensor([r["num_train"] for r in replies]),
                 "loss": torch.tensor([r["loss"] for r in replies])}
 
     def train_groups(self, chosen: torch.Tensor, state: dict[str, torch.Tensor],
-                     masking: dict[str, Any]) -> dict[str, torch.Tensor]:
-        """As ``train_clients`` with client groups: one call per group holding chosen clients, one
-        row of the global model per chosen member (``users`` names them unless all are chosen)."""
+                     secure: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """As ``train_clients`` with client groups (never under secure aggregation): one call per group
+        holding chosen clients, one row of the global model per chosen member (``users`` names them
+        unless all are chosen)."""
         row = flat_state(state)
         parties = chosen.div(self.size, rounding_mode="floor")
         targets, calls = [], []
@@ -281,7 +288,7 @@ class FedAvg(Protocol):
             everyone = members.numel() == min(self.size, self.num_clients - party * self.size)
             targets.append(self.clients[party])
             calls.append({"state": row.expand(members.numel(), -1), "users": None if everyone else members})
-        replies = self.transport.call_many(targets, "train", per_target=calls, **masking)
+        replies = self.transport.call_many(targets, "train", per_target=calls)
         if len(replies) == 1:  # a single group: its rows as they came
             return replies[0]
         return {key: torch.cat([r[key] for r in replies]) for key in replies[0]}
@@ -296,11 +303,13 @@ class FedAvg(Protocol):
 
     def state_dict(self) -> dict:
         dp = {"dp_rates": list(self.accountant.rates)} if self.accountant is not None else {}
-        return super().state_dict() | {"model": self.model.state_dict(), "alive": self.alive.clone()} | dp
+        return super().state_dict() | {"model": self.model.state_dict(), "alive": self.alive.clone(),
+                                       "sums": self.sums} | dp
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.model.load_state_dict(state["model"])
         self.alive = state["alive"].clone()
+        self.sums = state.get("sums", 0)  # a checkpoint from before secure sums had labels
         if self.accountant is not None:
             self.accountant.rates = list(state["dp_rates"])
