@@ -5,7 +5,7 @@ al.'s protocol (``fedgl.privacy.bonawitz``); the protocol's client only builds `
 before a sum, puts its fixed-point vector in ``self.secure_value``. Server side: ``trust_identities``
 once at setup, then ``secure_sum`` for each sum. Every message is a ``transport.call_many`` to those
 methods, so each is measured in the ledger: keys, signatures and shares as ``control``, the masked
-vector as ``model`` (or the kind a subclass declares).
+vector as ``model`` (``gradient`` from a ``SecureGradientSumParty``).
 
 A client drops out of a step either because its party fails (``PartyFailure``: the step is sent again
 to the others, who answer a repeated request with the reply they gave) or because the protocol says it
@@ -66,6 +66,14 @@ class SecureSumParty:
                       dropped: Tensor) -> Tensor:
         self.secure_value = None
         return self.secagg.reveal(label, signers, signatures, survived, dropped)
+
+
+class SecureGradientSumParty(SecureSumParty):
+    """``SecureSumParty`` for a sum of gradients: the masked vector travels as kind ``gradient``."""
+
+    @rpc(label="control", senders="control", sealed="control", returns="gradient")
+    def secagg_input(self, label: int, senders: Tensor, sealed: Tensor) -> Tensor:
+        return super().secagg_input(label, senders, sealed)
 
 
 def trust_identities(transport: Transport, parties: list[str]) -> None:

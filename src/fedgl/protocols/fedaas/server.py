@@ -38,6 +38,7 @@ class FedAAS(Protocol):
     name = "fedaas"
     scenario = "horizontal"
     Options = FedAASOptions
+    sums = 0  # secure sums run so far (also when set up from a shard folder)
 
     @classmethod
     def paper_training(cls, model: str, optimizer: str) -> dict[str, Any]:
@@ -106,7 +107,6 @@ class FedAAS(Protocol):
         self.losses: list[float] = []
         self.taus: list[int | None] = []
         self.count = 0  # Algorithm 1's i: steps since the last sync (sync_counter: global)
-        self.sums = 0  # secure sums run so far
 
     def start(self) -> None:
         if self.secure:
