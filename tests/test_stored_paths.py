@@ -16,7 +16,7 @@ from fedgl.results import read_jsonl
 from fedgl.runner import run
 
 FIXTURES = Path(__file__).parent / "fixtures" / "pre-reshape"
-RESUMED = ["swift", "fedaas"]
+RESUMED = ["swift", "fedaas", "fedavg", "glasu", "nfedgnn"]
 
 
 def same_as_before(protocol: str, out: Path) -> None:

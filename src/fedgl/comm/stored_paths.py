@@ -16,6 +16,17 @@ MOVED = {
     "fedgl.protocols.fedaas:FedAASClient": "fedgl.protocols.fedaas.client:FedAASClient",
     "fedgl.protocols.fanout_policy:FanoutPolicy": "fedgl.protocols.fedaas.fanout_policy:FanoutPolicy",
     "fedgl.protocols.similarity:SimilarityAverager": "fedgl.protocols.fedaas.similarity:SimilarityAverager",
+    "fedgl.protocols.fedavg:FedAvgClient": "fedgl.protocols.fedavg.client:FedAvgClient",
+    "fedgl.protocols.fedavg:FedAvgGroup": "fedgl.protocols.fedavg.client:FedAvgGroup",
+    **{f"fedgl.protocols.fedavg_group:{name}": f"fedgl.protocols.fedavg.group:{name}"
+       for name in ("ClientGroupTrainer", "_Batch", "_Member", "_MemberOptimizer", "_Param")},
+    "fedgl.protocols.glasu:GlasuClient": "fedgl.protocols.glasu.client:GlasuClient",
+    "fedgl.protocols.nfedgnn:UserPopulation": "fedgl.protocols.node_level.nfedgnn:UserPopulation",
+    "fedgl.protocols.cnfgnn:ModelSharingUsers": "fedgl.protocols.node_level.cnfgnn:ModelSharingUsers",
+    # split_vertical's Rows, Block and Plan, named apart from comm.rpc.Rows, sampling.Block and OwnerPlan
+    "fedgl.models.split_vertical:Rows": "fedgl.models.split_vertical:FeatureRows",
+    "fedgl.models.split_vertical:Block": "fedgl.models.split_vertical:SublayerGraph",
+    "fedgl.models.split_vertical:Plan": "fedgl.models.split_vertical:BatchPlan",
 }
 
 

@@ -74,4 +74,3 @@ def block_layer(model: Backbone, layer: int, h_in: Tensor, n_dst: int, src: Tens
         count = count.index_add(0, extra_rows, extra_count.float())
     own = h_in[:n_dst] if h_in.layout == torch.strided else select_rows(h_in, torch.arange(n_dst))
     return update(model, layer, own, total, count, None if degree is None else degree[:n_dst])
-

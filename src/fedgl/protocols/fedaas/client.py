@@ -20,8 +20,8 @@ from ...privacy.dp import clip, gaussian, noise_generator
 from ...privacy.bonawitz import SecAggClient
 from ...sampling import CSR, sample_neighbors, sample_weighted
 from ..aggregation import SecureSumParty
-from ..fedavg import private_reply
-from ..fedavg_group import flat_state, state_from_row
+from ..fedavg.client import private_reply
+from ..fedavg.group import flat_state, state_from_row
 from ..horizontal.shared import HorizontalClient
 from .fanout_policy import FanoutPolicy
 from .options import FedAASOptions

@@ -113,4 +113,3 @@ class FedAASOptions(ProtocolOptions):
         if isinstance(self.tau0, int) and self.tau_min > self.tau0:
             raise ValueError(f"tau_min ({self.tau_min}) exceeds tau0 ({self.tau0})")
         return self
-

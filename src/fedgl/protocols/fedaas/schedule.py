@@ -59,4 +59,3 @@ def ratio_picks(segment: Tensor, phi: float, generator: torch.Generator, logits:
     keep = torch.zeros(segment.numel(), dtype=torch.bool)
     keep[order[rank < quota[seg[order]]]] = True
     return keep
-

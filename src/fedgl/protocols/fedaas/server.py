@@ -22,8 +22,8 @@ from ...privacy.dp import Accountant, ReleaseAccountant
 from ...privacy.secure_aggregation import MIN_PARTICIPANTS
 from ..aggregation import secure_sum, trust_identities
 from ..base import Protocol
-from ..fedavg import weighted_average
-from ..fedavg_group import state_from_row
+from ..fedavg.server import weighted_average
+from ..fedavg.group import state_from_row
 from ..horizontal.routing import Router
 from ..horizontal.shared import FEATURE_DENSITY
 from .client import FedAASClient
@@ -365,4 +365,3 @@ class FedAAS(Protocol):
         self.sums = state.get("sums", 0)  # a checkpoint from before secure sums had labels
         if self.rounds is not None:
             self.rounds.rates, self.releases.releases = list(state["dp_rates"]), state["dp_releases"].clone()
-

@@ -266,4 +266,3 @@ class CrossClient(SecureGradientSumParty, HorizontalClient):
             if self.remote_backprop and layer > 1:
                 rows.requires_grad_(True)  # its gradient goes back to the owners (``backward``)
             plan.remote_sum[layer], plan.remote_count[layer] = rows, count[count > 0]
-

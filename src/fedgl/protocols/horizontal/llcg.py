@@ -31,7 +31,7 @@ from ...optim import make_optimizer
 from ...models import as_model_input
 from ...models.graph import feature_dropout
 from ...models.split_horizontal import block_layer
-from ..fedavg import weighted_average
+from ..fedavg.server import weighted_average
 from .client import CrossClient
 from .server import CrossClientProtocol, MiniBatchOptions
 from .shared import FEATURE_DENSITY, sample_hop

@@ -90,4 +90,3 @@ class OwnerPlan:
         return OwnerPlan(True, self.degree, nodes=dict(self.nodes), src=dict(self.src), dst=dict(self.dst),
                     remote_rows=dict(self.remote_rows), remote_sum=dict(self.remote_sum),
                     remote_count=dict(self.remote_count))
-

@@ -57,9 +57,10 @@ from ...comm.payload import nbytes
 from ...config import ModelConfig
 from ...errors import ConfigError
 from ...evaluation import Evaluator
+from ...models import make_model
 from ...models.graph import canonical_model_name
 from ...models.split_horizontal import SPLITTABLE, first_linear
-from ...optim import make_model, make_optimizer
+from ...optim import make_optimizer
 from ...partition import horizontal_from_config
 from ...privacy.dp import Accountant, ReleaseAccountant
 from ...privacy.secure_aggregation import MIN_PARTICIPANTS
@@ -79,7 +80,6 @@ def check_model(model: ModelConfig, allowed: tuple[str, ...] = SPLITTABLE) -> No
 def mib(size: int) -> str:
     """``size`` bytes in MiB, rounded up to two decimals (what a budget must at least be)."""
     return f"{math.ceil(size / 2**20 * 100) / 100:.2f}"
-
 
 
 # ---- the protocol base ------------------------------------------------------------------------------

@@ -62,4 +62,3 @@ class FedGNNG(SwiftFedGNN):
 
     def schedule_parameters(self) -> tuple[int, int]:
         return 1, len(self.clients)
-

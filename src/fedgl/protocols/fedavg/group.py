@@ -34,12 +34,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .. import device as devices
-from ..config import TrainConfig
-from ..errors import ConfigError
-from ..models.graph import SparseOperator, canonical_model_name
-from ..optim import adam_update, sgd_update
-from .local_training import LocalTrainer
+from ... import device as devices
+from ...config import TrainConfig
+from ...errors import ConfigError
+from ...models.graph import SparseOperator, canonical_model_name
+from ...optim import adam_update, sgd_update
+from ..local_training import LocalTrainer
 
 __all__ = ["GROUP_MODELS", "ClientGroupTrainer", "flat_state", "groupable", "state_from_row"]
 

@@ -1,10 +1,9 @@
-"""Attacking a run's recorded messages (``privacy.record_messages``) as an honest-but-curious party.
+"""The audit's attacks on recorded messages, as an honest-but-curious party would run them.
 
-The auditor re-reads the run's config and dataset (the ground truth no party holds) and measures,
-for each attack, how many private rows it recovers from what crossed:
+Each works on plain tensors and ``Message`` records, whatever kind a message is declared as:
 
-- ``raw_row_match``: a floating-point row of any message equal (``torch.allclose`` defaults) to a
-  non-zero raw feature row of a party (a whole row, or a vertical client's feature block);
+- ``RawRowMatch``: a row of any message equal (``torch.allclose`` defaults) to a non-zero raw feature
+  row of a party (a whole row, or a vertical client's feature block);
 - ``reconstruction``: the server's least-squares solution for the rows inside the first-layer sums
   it routed (Swift-FedGNN family: it sent each owner the ids of every (target, owner) pair and
   received one sum per pair, so it knows each sum's members). A row counts as recovered when the
@@ -13,36 +12,69 @@ for each attack, how many private rows it recovers from what crossed:
 - ``membership``: input-layer aggregates that hold a single raw row (count 1, or only one member
   whose feature support meets the sum's non-zeros: the others were dropped out), and FedAAS's
   per-pair partials covering one pick; hidden-layer sums of count 1 are reported beside them;
-- ``labels``: messages of kind ``label`` and which nodes' labels reach a party not owning them.
+- ``FixedPointCheck``: int64 payloads a client sent in fixed point that read as values, i.e. whose
+  secure-aggregation masks are missing.
 
-The attacks' cores (``RowIndex.match``, ``least_squares_rows``, ``recovered_rows``,
-``contributing_members``) work on plain tensors and are usable on their own; ``audit_command``
-runs all four over a run folder and writes ``audit.json`` into it.
+Integer payloads are read both as they are and as fixed point (``readings``): an int64 tensor divided
+by 2^FRACTION_BITS is what a missing mask leaves readable, so a masked sum never hides a leak from
+the audit only because of its type.
 """
 
 from __future__ import annotations
 
-import json
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 from torch import Tensor
-from torch_geometric.data import Data
 
 from ..comm.ledger import SERVER
-from ..config import RunConfig, load_config
-from ..errors import ConfigError
-from .record import Message, message_files, read_messages
+from .record import Message
+from .secure_aggregation import FRACTION_BITS
 
 TOLERANCE = 1e-3  # reconstruction: max |estimate - c * truth| <= TOLERANCE * max |c * truth|
 CHUNK = 4096  # candidate rows compared at once
-REPORT = "audit.json"
-# Protocols that send raw rows or labels by design, and why (named in the report when found).
-BY_DESIGN = {"llcg": "by design: LLCG's server correction trains on the global graph (raw rows and the batch's "
-                     "training labels go to the server)"}
+FIXED_POINT = float(2**FRACTION_BITS)
+# An int64 payload reads as fixed point when some entry reaches 2^24 (node ids and counts stay below)
+# and, unmasked, when every entry stays below 2^56 (values under 2^24): masked entries are uniform
+# over the ring, so 8 of them all below 2^56 happen with probability 2^-56.
+FIXED_POINT_LOW, FIXED_POINT_HIGH, FIXED_POINT_MIN = 2**24, 2**56, 8
+
+
+def readings(t: Tensor) -> list[Tensor]:
+    """What a tensor can be read as: floats as they are; integers and booleans as numbers and, int64,
+    also as fixed point (divided by 2^FRACTION_BITS), the last reading being the likeliest value."""
+    if t.is_floating_point() or t.is_complex():
+        return [t] if t.is_floating_point() else []
+    read = [(t.to_dense() if t.layout != torch.strided else t).double()]
+    return read + [read[0] / FIXED_POINT] if t.dtype == torch.int64 else read
+
+
+Flow = tuple[str, str, str]  # (sender, receiver, method)
+
+
+def flow_list(counts: Counter[Flow], key: str) -> list[dict[str, Any]]:
+    """The flows of ``counts`` as report entries, each with its count under ``key``."""
+    return [{"sender": s, "receiver": r, "method": m, key: n} for (s, r, m), n in sorted(counts.items())]
+
+
+def describe(flows: list[dict[str, Any]], key: str, unit: str = "") -> str:
+    """``sender->receiver method (count)`` for every flow, for a report's notes."""
+    return ", ".join(f"{f['sender']}->{f['receiver']} {f['method']} ({f[key]}{unit})" for f in flows)
+
+
+def calls(messages: Iterable[Message]) -> Iterable[tuple[Message | None, Message]]:
+    """Every message with, for a reply, the request of the same call (None for a request)."""
+    pending: dict[str, Message] = {}
+    for msg in messages:
+        if msg.sender == SERVER:
+            pending[msg.receiver] = msg
+            yield None, msg
+        else:
+            down = pending.pop(msg.sender, None)
+            yield (down if down is not None and down.method == msg.method else None), msg
 
 
 @dataclass
@@ -91,8 +123,8 @@ class RowIndex:
 
 
 def message_rows(t: Tensor, width: int) -> Tensor | None:
-    """The non-zero rows of width ``width`` of a floating-point message tensor, or None."""
-    if not t.is_floating_point() or t.dim() == 0 or t.size(-1) != width:
+    """The non-zero rows of width ``width`` of a message tensor read as numbers, or None."""
+    if t.dim() == 0 or t.size(-1) != width:
         return None
     rows = (t.to_dense() if t.layout != torch.strided else t).reshape(-1, width)
     return rows[(rows != 0).any(1)]
@@ -109,10 +141,11 @@ class RawRowMatch:
         self.index = {w: RowIndex(r) for w, r in rows.items()}
         self.nonzero = {w: (r != 0).any(1) for w, r in rows.items()}
         self.found = {w: torch.zeros(r.size(0), dtype=torch.bool) for w, r in rows.items()}
-        self.hits: Counter[tuple[str, str, str]] = Counter()
+        self.hits: Counter[Flow] = Counter()
 
     def add(self, msg: Message) -> None:
-        for t in msg.tensors.values():
+        wide = (t for t in msg.tensors.values() if t.dim() and t.size(-1) in self.index)  # read only these
+        for t in (v for tensor in wide for v in readings(tensor)):
             for w, index in self.index.items():
                 cand = message_rows(t, w)
                 if cand is None or not cand.numel():
@@ -127,11 +160,10 @@ class RawRowMatch:
     def result(self) -> AttackResult:
         attacked = sum(int(m.sum()) for m in self.nonzero.values())
         recovered = sum(int((f & self.nonzero[w]).sum()) for w, f in self.found.items())
-        flows = [{"sender": s, "receiver": r, "method": m, "rows": n} for (s, r, m), n in sorted(self.hits.items())]
+        flows = flow_list(self.hits, "rows")
         relayed = sum(n for (s, _, _), n in self.hits.items() if s == SERVER)
         notes = ("no raw feature row in any message" if not flows else
-                 "raw rows in " + ", ".join(f"{f['sender']}->{f['receiver']} {f['method']} ({f['rows']})"
-                                            for f in flows) + (f"; {relayed} relayed by the server" if relayed else ""))
+                 "raw rows in " + describe(flows, "rows") + (f"; {relayed} relayed by the server" if relayed else ""))
         return AttackResult("raw_row_match", attacked, recovered, notes, {"flows": flows})
 
 
@@ -140,7 +172,7 @@ class RawRowMatch:
 class RoutedSums:
     """The sums the server routed: per sum sent (count > 0), its layer and row count; for the input
     layer, its members (``pick_sum`` -> ``pick_node``, global ids) and its value as the server read
-    it (NaN rows: not readable, e.g. masked integers)."""
+    it (fixed-point integers decoded; NaN rows: no value sent)."""
 
     layer: list[Tensor] = field(default_factory=list)
     count: list[Tensor] = field(default_factory=list)
@@ -174,8 +206,8 @@ class RoutedSums:
             if layer != 1:
                 continue
             value = sums.get(key)
-            readable = value is not None and value.is_floating_point() and value.dim() == 2
-            if readable and value.size(0) in (k, cnt.numel()):
+            value = readings(value)[-1] if value is not None and not value.is_complex() else None
+            if value is not None and value.dim() == 2 and value.size(0) in (k, cnt.numel()):
                 value = value[sent] if value.size(0) != k else value
             else:
                 value = None
@@ -301,183 +333,29 @@ def single_partials(down: Message, up: Message) -> list[Tensor]:
     return out
 
 
-# ---- (d) labels ---------------------------------------------------------------------------------------
-def label_fields() -> dict[str, tuple[set[str], set[str] | None]]:
-    """method -> (arguments, result keys) declared of kind ``label`` by any party class (None: the
-    whole result is a label)."""
-    from ..comm.party import Party
-    from ..comm.rpc import Rows
+class FixedPointCheck:
+    """Client payloads in fixed point (int64) that read as values: a masked one is uniform over the
+    ring, so one whose every entry is small was sent without its masks (or with masks that cancelled,
+    e.g. a participant list naming the sender twice)."""
 
-    def kind(k: Any) -> str:
-        return k.kind if isinstance(k, Rows) else k
+    def __init__(self):
+        self.seen = 0
+        self.readable: Counter[Flow] = Counter()
 
-    out: dict[str, tuple[set[str], set[str] | None]] = {}
-    classes, stack = set(), [Party]
-    while stack:
-        for sub in stack.pop().__subclasses__():
-            if sub not in classes:
-                classes.add(sub)
-                stack.append(sub)
-    for cls in classes:
-        for name in dir(cls):
-            spec = getattr(getattr(cls, name, None), "rpc_spec", None)
-            if spec is None:
-                continue
-            args = {a for a, k in spec.args.items() if kind(k) == "label"}
-            ret = ({r for r, k in spec.returns.items() if kind(k) == "label"} if isinstance(spec.returns, dict)
-                   else (None if kind(spec.returns) == "label" else set()))
-            if args or ret is None or ret:
-                old_args, old_ret = out.get(name, (set(), set()))
-                out[name] = (old_args | args, None if ret is None or old_ret is None else old_ret | ret)
-    return out
-
-
-class LabelLeak:
-    """(d): label values in messages, by flow; node ids are resolved where the call names them (the
-    reply's ``train`` positions into the request's ``labels`` local ids, LLCG's ``rows``)."""
-
-    def __init__(self, nodes: dict[str, Tensor], num_nodes: int):
-        self.fields = label_fields()
-        self.nodes = nodes
-        self.flows: Counter[tuple[str, str, str]] = Counter()
-        self.exposed = torch.zeros(num_nodes, dtype=torch.bool)
-
-    def add(self, down: Message, up: Message) -> None:
-        for msg, names in ((down, 0), (up, 1)):
-            declared = self.fields.get(msg.method)
-            if declared is None:
-                continue
-            keys = declared[names]
-            count = sum(int(t.numel()) for p, t in msg.tensors.items() if keys is None or (p and p[0] in keys))
-            if count:
-                self.flows[(msg.sender, msg.receiver, msg.method)] += count
-        asked, train = down.tensors.get(("labels",)), up.tensors.get(("train",))
-        if asked is not None and train is not None and up.sender in self.nodes and ("y",) in up.tensors:
-            self.exposed[self.nodes[up.sender][asked[train]]] = True
-
-    def result(self, y: Tensor, masks: dict[str, Tensor]) -> AttackResult:
-        flows = [{"sender": s, "receiver": r, "method": m, "labels": n} for (s, r, m), n in sorted(self.flows.items())]
-        splits = {name: int((self.exposed & mask).sum()) for name, mask in masks.items()}
-        if not flows:
-            return AttackResult("labels", int(y.numel()), 0, "no message of kind label")
-        resolved = int(self.exposed.sum())
-        notes = ", ".join(f"{f['sender']}->{f['receiver']} {f['method']} ({f['labels']} values)" for f in flows)
-        notes += "; nodes named: " + (", ".join(f"{k} {v}" for k, v in splits.items()) if resolved else "not resolved")
-        return AttackResult("labels", int(y.numel()), resolved, notes, {"flows": flows, "splits": splits})
-
-
-# ---- the ground truth and the whole audit ------------------------------------------------------------
-@dataclass
-class GroundTruth:
-    """What the auditor knows and no party does: every raw row, label and split, and which global
-    nodes each horizontal client holds (``nodes``: party name -> global ids, in local order)."""
-
-    x: Tensor
-    y: Tensor
-    masks: dict[str, Tensor]
-    private: list[Tensor]
-    nodes: dict[str, Tensor]
-
-
-def ground_truth(cfg: RunConfig, data: Data) -> GroundTruth:
-    """Re-build the run's partition from its config (partitions are deterministic in the seed)."""
-    from ..protocols import protocol_class
-
-    x = data.x.to_dense().float() if data.x.layout != torch.strided else data.x.float()
-    masks = {name: getattr(data, f"{name}_mask") for name in ("train", "val", "test")}
-    scenario = protocol_class(cfg.protocol_name).scenario
-    nodes: dict[str, Tensor] = {}
-    private = [x]
-    if scenario == "horizontal":
-        from ..partition import horizontal_from_config
-
-        part = horizontal_from_config(data, cfg.partition, cfg.seed)
-        nodes = {f"client{m}": shard.nodes for m, shard in enumerate(part.shards)}
-    elif scenario == "vertical":
-        from ..partition import partition_vertical
-        from ..protocols.glasu import vertical_blocks
-
-        p = cfg.partition
-        part = partition_vertical(data, p.num_clients, blocks=vertical_blocks(p), edge_keep=p.edge_keep,
-                                  seed=cfg.seed, label_holder=p.label_holder)
-        private = [shard.x.to_dense().float() if shard.x.layout != torch.strided else shard.x.float()
-                   for shard in part.shards]
-    return GroundTruth(x, data.y, masks, private, nodes)
-
-
-def calls(messages: Iterable[Message]) -> Iterable[tuple[Message | None, Message]]:
-    """Every message with, for a reply, the request of the same call (None for a request)."""
-    pending: dict[str, Message] = {}
-    for msg in messages:
+    def add(self, msg: Message) -> None:
         if msg.sender == SERVER:
-            pending[msg.receiver] = msg
-            yield None, msg
-        else:
-            down = pending.pop(msg.sender, None)
-            yield (down if down is not None and down.method == msg.method else None), msg
+            return
+        for t in msg.tensors.values():
+            if t.dtype != torch.int64 or t.numel() < FIXED_POINT_MIN:
+                continue
+            largest = int((t.to_dense() if t.layout != torch.strided else t).abs().max())
+            if largest >= FIXED_POINT_LOW:
+                self.seen += 1
+                if largest < FIXED_POINT_HIGH:
+                    self.readable[(msg.sender, msg.receiver, msg.method)] += 1
 
-
-def audit_messages(folder: Path, truth: GroundTruth) -> list[AttackResult]:
-    """Run the four attacks over the messages recorded in ``folder`` (one pass, chunk by chunk)."""
-    raw = RawRowMatch(truth.private)
-    routed = RoutedSums()
-    served: list[Tensor] = []
-    labels = LabelLeak(truth.nodes, truth.x.size(0))
-    for down, msg in calls(read_messages(folder)):
-        raw.add(msg)
-        if down is None:
-            routed.request(msg)
-            continue
-        if msg.method == "propagate":
-            routed.add(down, msg, truth.nodes)
-        elif msg.method == "serve":
-            served += single_partials(down, msg)
-        labels.add(down, msg)
-    return [raw.result(), reconstruction(routed, truth.x), membership(routed, served, truth.x),
-            labels.result(truth.y, truth.masks)]
-
-
-def audit_run(run_dir: Path, data_root: str | None = None) -> dict[str, Any]:
-    """Audit the run in ``run_dir``; returns the report written to ``audit.json``."""
-    from ..runner import load_data
-
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise ConfigError(f"{run_dir} is not a run folder")
-    if not (run_dir / "config.yaml").is_file():
-        raise ConfigError(f"{run_dir} holds no config.yaml; not a fedgl run folder")
-    folder = run_dir / "messages"
-    if not message_files(folder):
-        raise ConfigError(f"{run_dir} holds no recorded messages; run it with privacy.record_messages: true")
-    cfg = load_config(run_dir / "config.yaml")
-    if data_root is not None:
-        cfg.dataset = cfg.dataset.model_copy(update={"data_root": data_root})
-    truth = ground_truth(cfg, load_data(cfg))
-    results = audit_messages(folder, truth)
-    for r in results:
-        if r.attack in ("raw_row_match", "labels") and r.recovered and cfg.protocol_name in BY_DESIGN:
-            r.notes += f"; {BY_DESIGN[cfg.protocol_name]}"
-    report = {"run": str(run_dir), "protocol": cfg.protocol_name, "dataset": cfg.dataset.name,
-              "privacy": cfg.privacy.model_dump(mode="json"),
-              "attacks": {r.attack: r.as_dict() for r in results}}
-    (run_dir / REPORT).write_text(json.dumps(report, indent=1) + "\n")
-    return report
-
-
-def audit_command(run_dir: Path, console, *, as_json: bool, data_root: str | None) -> int:
-    """``fedgl audit RUN_DIR``: the report as a table (or one JSON line); exit code 0."""
-    report = audit_run(run_dir, data_root)
-    if as_json:
-        console.print_json(json.dumps(report), indent=None)
-        return 0
-    from rich.table import Table
-
-    table = Table(title=f"audit of {report['protocol']} on {report['dataset']} ({run_dir})")
-    for column in ("attack", "attacked", "recovered", "fraction", "notes"):
-        table.add_column(column, justify="right" if column in ("attacked", "recovered", "fraction") else "left")
-    for name, r in report["attacks"].items():
-        fraction = "-" if r["fraction"] is None else f"{r['fraction']:.4f}"
-        table.add_row(name, str(r["attacked"]), str(r["recovered"]), fraction, r["notes"])
-    console.print(table)
-    console.print(f"written {Path(run_dir) / REPORT}")
-    return 0
+    def result(self) -> AttackResult:
+        flows = flow_list(self.readable, "payloads")
+        notes = ("no fixed-point payload" if not self.seen else f"{self.seen} fixed-point payloads, " +
+                 ("all masked" if not flows else "readable (masks missing) in " + describe(flows, "payloads")))
+        return AttackResult("masking", self.seen, sum(self.readable.values()), notes, {"flows": flows})

@@ -1,22 +1,5 @@
-"""FedAvg over horizontal subgraphs, ignoring cross-client edges (the "local only" baseline).
-
-Each round the server samples a fraction of the clients, sends them the global model, each trains
-``local_epochs`` on its own subgraph (cross-client edges are invisible to it) and returns its model;
-the server averages them weighted by training-node count: FedLocal-style local-only training (the
-Swift paper's FedSage is ``swift`` with ``K: 0``, which keeps Swift's batches and gradient averaging).
-
-Clients are parties of their own (``FedAvgClient``) or members of a ``FedAvgGroup``, a party that
-trains several GCN/GraphSAGE clients as one batched computation (``protocols/fedavg_group.py``) with the
-same trajectories and the same model bytes: each member's model travels as its own row of a
-``Rows("model")`` payload and the ledger attributes it to that member.
-
-Privacy (``RunConfig.privacy``, ``fedgl.privacy``): with ``dp`` each client clips its update (its model
-minus the global model it received) and adds Gaussian noise before anything leaves it; the server
-tracks epsilon with the accountant. With ``secure_aggregation`` (one party per client) a client keeps
-``[w * model, w, w * loss]`` (w its training-node count) in fixed point and the server sums them with
-``protocols/aggregation.py``'s ``secure_sum`` (Bonawitz et al., with the configured threshold), so it
-learns the weighted sums of the clients that stay to the end of the round and nothing per client.
-"""
+"""FedAvg's server: samples the clients of a round, sends them the global model and averages what
+they return (weighted by training nodes; with secure aggregation the decoded result of ``secure_sum``)."""
 
 from __future__ import annotations
 
@@ -26,20 +9,18 @@ import torch
 from pydantic import Field
 from torch_geometric.data import Data
 
-from .aggregation import SecureSumParty, secure_sum, trust_identities
-from .fedavg_group import ClientGroupTrainer, flat_state, groupable, state_from_row
-from ..comm import Party, Rows, Transport, rpc
-from ..config import ModelConfig, RunConfig, TrainConfig
-from ..privacy import PrivacyConfig
-from ..privacy.dp import Accountant, privatize
-from ..privacy.bonawitz import SecAggClient
-from ..privacy.secure_aggregation import MIN_PARTICIPANTS, encode
-from ..errors import ConfigError, RunFailed
-from ..evaluation import Evaluator
-from ..partition import horizontal_from_config
-from ..optim import make_model
-from .local_training import LocalTrainer
-from .base import Protocol, ProtocolOptions
+from ...comm import Transport
+from ...config import RunConfig
+from ...errors import ConfigError, RunFailed
+from ...evaluation import Evaluator
+from ...partition import horizontal_from_config
+from ...models import make_model
+from ...privacy.dp import Accountant
+from ...privacy.secure_aggregation import MIN_PARTICIPANTS
+from ..aggregation import secure_sum, trust_identities
+from ..base import Protocol, ProtocolOptions
+from .client import FedAvgClient, FedAvgGroup
+from .group import flat_state, groupable, state_from_row
 
 
 class FedAvgOptions(ProtocolOptions):
@@ -51,88 +32,6 @@ class FedAvgOptions(ProtocolOptions):
         "(same trajectories and model bytes, a fraction of the per-operation overhead); 1 = one party per "
         "client; default: one group of all clients when the backbone is gcn or sage, training is full-batch "
         "and every client trains every round, else one party per client"))
-
-
-def private_reply(rows: torch.Tensor, start: torch.Tensor, num_train: torch.Tensor, loss: torch.Tensor,
-                  privacy: PrivacyConfig, generators: list[torch.Generator | None],
-                  summands: int) -> dict[str, torch.Tensor]:
-    """What k clients release after training from ``start`` to ``rows`` (``flat_state`` rows): with DP
-    the noised, clipped updates applied to ``start``; with secure aggregation the fixed-point rows
-    ``[w * model, w, w * loss]`` (w = training nodes) for a secure sum of ``summands`` clients."""
-    if privacy.dp is not None:
-        rows = start + privatize(rows - start, privacy.dp, generators)
-    if not privacy.secure_aggregation:
-        return {"state": rows, "num_train": num_train, "loss": loss}
-    values = torch.cat([rows.double(), torch.ones_like(loss).unsqueeze(1), loss.unsqueeze(1)], 1)
-    return {"encoded": encode(values, num_train, summands)}
-
-
-class FedAvgClient(SecureSumParty, Party):
-    def __init__(self, name: str, seed: int, shard: Any, model: ModelConfig, train: TrainConfig | None,
-                 num_features: int, num_classes: int, local_epochs: int, batch_size: int | None,
-                 index: int = 0, privacy: PrivacyConfig | None = None):
-        super().__init__(name, seed)
-        net = make_model(model, num_features, num_classes)
-        self.trainer = LocalTrainer(net, model.name, shard.x, shard.edge_index, shard.y, shard.train_mask, train)
-        self.num_train = int(shard.train_mask.sum())
-        self.local_epochs = local_epochs
-        self.batch_size = batch_size
-        self.privacy = privacy or PrivacyConfig()
-        self.secagg = SecAggClient.create(index) if self.privacy.secure_aggregation else None
-
-    @rpc(state="model", summands="control", returns={"state": "model", "num_train": "control", "loss": "control"})
-    def train(self, state: dict[str, torch.Tensor], summands: int = 0) -> dict[str, Any]:
-        """Local training from ``state``; the model is returned, or under secure aggregation kept
-        encoded for the secure sum of ``summands`` clients that follows."""
-        self.trainer.set_state(state)
-        loss = self.trainer.train_epochs(self.local_epochs, self.batch_size) if self.num_train else 0.0
-        trained = self.trainer.get_state()
-        if not self.privacy.requested():
-            return {"state": trained, "num_train": self.num_train, "loss": loss}
-        reply = private_reply(flat_state(trained).unsqueeze(0), flat_state(state).unsqueeze(0),
-                              torch.tensor([self.num_train]), torch.tensor([loss], dtype=torch.float64),
-                              self.privacy, [None], summands)
-        if "encoded" in reply:
-            self.secure_value = reply["encoded"][0]
-            return {}
-        return {"state": state_from_row(reply["state"][0], trained), "num_train": self.num_train, "loss": loss}
-
-
-class FedAvgGroup(Party):
-    """Several FedAvg clients in one party, trained as one batched computation.
-
-    Each member is first built as the ``FedAvgClient`` it stands for (its own seed, model
-    initialisation, prepared graph and the RNG state it would train with); the group then keeps
-    only what ``ClientGroupTrainer`` needs. The rows of every ``Rows`` payload are the members listed
-    in ``users`` (all members when None), in that order.
-    """
-
-    def __init__(self, name: str, seed: int, members: list[dict[str, Any]], train: TrainConfig, local_epochs: int,
-                 privacy: PrivacyConfig | None = None):
-        super().__init__(name, seed)
-        # Members are built without optimisers of their own: the group's optimiser trains them.
-        device = torch.get_default_device()  # the group's, while it is made
-        clients = [FedAvgClient.create(device, **(kwargs | {"train": None})) for kwargs in members]
-        # The random state each client party would carry into its first call, on the group's device.
-        states = [c._rng_state if c._device_rng_state is None else c._device_rng_state for c in clients]
-        self.trainer = ClientGroupTrainer([c.trainer for c in clients], states, train)
-        self.num_train = torch.tensor([c.num_train for c in clients])
-        self.local_epochs = local_epochs
-        self.privacy = privacy or PrivacyConfig()
-
-    @rpc(state=Rows("model"), users="index",
-         returns={"state": Rows("model"), "num_train": Rows("control"), "loss": Rows("control")})
-    def train(self, state: torch.Tensor, users: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        """``state`` holds one ``flat_state`` row per listed member (``users``; None = all)."""
-        self.trainer.set_rows(state, users)
-        num_train = self.num_train if users is None else self.num_train[users]
-        members = torch.arange(self.num_train.numel()) if users is None else users
-        loss = torch.zeros(members.numel(), dtype=torch.float64)  # 8 bytes each, as a client's float
-        training = num_train > 0
-        if bool(training.any()):
-            loss[training] = self.trainer.train_epochs(self.local_epochs, members[training]).double()
-        return private_reply(self.trainer.get_rows(users), state, num_train, loss, self.privacy,
-                             [self.trainer.members[m].generator for m in members.tolist()], 0)
 
 
 def weighted_average(states: list[dict[str, torch.Tensor]], weights: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -15,9 +15,9 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from ..comm import Rows, rpc
-from ..models.split_node import BatchedOptimizer, pick
-from ..privacy.dp import clip, gaussian
+from ...comm import Rows, rpc
+from ...models.split_node import BatchedOptimizer, pick
+from ...privacy.dp import clip, gaussian
 from .nfedgnn import NFedGNN, SplitOptions, UserPopulation
 
 MB = 2**20

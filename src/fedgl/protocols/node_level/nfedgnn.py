@@ -22,11 +22,11 @@ from torch import Tensor
 from torch.nn import functional as F
 from torch_geometric.data import Data
 
-from .. import device as devices
-from ..comm import Party, Rows, rpc
-from ..config import TrainConfig
-from ..evaluation import Evaluator
-from ..models.split_node import (
+from ... import device as devices
+from ...comm import Party, Rows, rpc
+from ...config import TrainConfig
+from ...evaluation import Evaluator
+from ...models.split_node import (
     BatchedOptimizer,
     SplitShape,
     UserFeatures,
@@ -39,11 +39,11 @@ from ..models.split_node import (
     split_shape,
     support_gradient,
 )
-from ..partition import partition_node_level
-from ..privacy.config import DPConfig
-from ..privacy.dp import Accountant, clip, gaussian, noise_generator
-from ..optim import make_optimizer
-from .base import Protocol, ProtocolOptions
+from ...partition import partition_node_level
+from ...privacy.config import DPConfig
+from ...privacy.dp import Accountant, clip, gaussian, noise_generator
+from ...optim import make_optimizer
+from ..base import Protocol, ProtocolOptions
 
 
 class SplitOptions(ProtocolOptions):
