@@ -16,8 +16,9 @@ from fedgl.cli import main
 from fedgl.comm import rpc
 from fedgl.config import build_config
 from fedgl.errors import RunFailed
-from fedgl.privacy import secure_aggregation
+from fedgl.privacy import bonawitz, secure_aggregation
 from fedgl.protocols.fedavg.client import FedAvgClient
+from fedgl.protocols.aggregation import secure_sum
 from fedgl.protocols.fedavg.server import FedAvg
 from fedgl.runner import Run
 
@@ -47,6 +48,15 @@ def flagged(report: dict) -> set[str]:
 
 
 # ---- (a) secure aggregation's masks replaced by zeros -------------------------------------------------
+def zero_masks(monkeypatch) -> None:
+    """Every mask stream (pairwise, self and one-way masks) replaced by zeros."""
+    def zeros(secret: bytes, size: int, purpose: bytes, *label: int) -> torch.Tensor:
+        return torch.zeros(size, dtype=torch.int64)
+
+    for module in (secure_aggregation, bonawitz):
+        monkeypatch.setattr(module, "stream", zeros)
+
+
 SWIFT = config({"name": "swift", "I": 1, "K": 2, "fanouts": [3, 3]}, {"secure_aggregation": True}, rounds=4,
                model={"dropout": 0.0}, partition={"method": "random"})
 
@@ -56,7 +66,7 @@ def test_zero_masks_are_flagged_and_real_masks_are_not(tmp_path, capsys, monkeyp
     assert code == 0 and not clean["flagged"], clean["flagged"]
     assert clean["attacks"]["masking"]["attacked"] > 0 and clean["attacks"]["reconstruction"]["recovered"] == 0
 
-    monkeypatch.setattr(secure_aggregation, "prg", lambda seed, size: torch.zeros(size, dtype=torch.int64))
+    zero_masks(monkeypatch)
     code, broken = audit(SWIFT, tmp_path / "zeros", capsys)
     assert code == 1 and {"masking", "reconstruction"} <= flagged(broken)
     rec = broken["attacks"]["reconstruction"]
@@ -71,13 +81,12 @@ def test_a_client_masking_with_itself_only_is_flagged(tmp_path, capsys, monkeypa
     code, clean = audit(FEDAVG_MASKED, tmp_path / "masked", capsys)
     assert code == 0 and not clean["flagged"] and clean["attacks"]["masking"]["attacked"] > 0
 
-    train_clients = FedAvg.train_clients
+    def twice(self, chosen, round_index):  # a server asking one client to sum with itself twice
+        one = chosen[:1].repeat(2).tolist()
+        self.sums += 1
+        return secure_sum(self.transport, [self.clients[i] for i in one], one, self.sums, 1)[0]
 
-    def twice(self, chosen, state, masking):  # a server asking one client to mask with itself twice
-        one = chosen[:1]
-        return train_clients(self, one, state, masking | {"participants": one.repeat(2)})
-
-    monkeypatch.setattr(FedAvg, "train_clients", twice)
+    monkeypatch.setattr(FedAvg, "secure_total", twice)
     try:
         code, broken = audit(FEDAVG_MASKED, tmp_path / "twice", capsys)
     except RunFailed:  # the client refused the list: nothing left it unmasked
@@ -96,11 +105,10 @@ def test_labels_sent_as_an_embedding_are_flagged(tmp_path, capsys, monkeypatch):
 
     train = FedAvgClient.train
 
-    @rpc(state="model", participants="index",
-         returns={"state": "model", "num_train": "control", "loss": "control", "h": "embedding"})
-    def train_and_leak(self, state, participants=None, round_index=0):
+    @rpc(state="model", returns={"state": "model", "num_train": "control", "loss": "control", "h": "embedding"})
+    def train_and_leak(self, state, summands=0):
         y = self.trainer.y  # the client's labels, as one-hot rows of an "embedding"
-        return train(self, state, participants, round_index) | {"h": F.one_hot(y, int(y.max()) + 1).float()}
+        return train(self, state, summands) | {"h": F.one_hot(y, int(y.max()) + 1).float()}
 
     monkeypatch.setattr(FedAvgClient, "train", train_and_leak)
     code, broken = audit(FEDAVG, tmp_path / "leak", capsys)
@@ -132,6 +140,6 @@ def test_fedaas_model_uploads_read_as_masked_and_zero_masks_as_values(tmp_path, 
     masking = clean["attacks"]["masking"]
     assert code == 0 and masking["attacked"] > 0 and masking["recovered"] == 0
 
-    monkeypatch.setattr(secure_aggregation, "prg", lambda seed, size: torch.zeros(size, dtype=torch.int64))
+    zero_masks(monkeypatch)
     code, broken = audit(cfg, tmp_path / "zeros", capsys)
     assert code == 1 and broken["attacks"]["masking"]["recovered"] == masking["attacked"]

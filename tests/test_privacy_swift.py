@@ -93,9 +93,11 @@ def test_secure_swift_ends_where_plain_swift_ends(tmp_path, protocol, model):
             assert secure_row[key] == pytest.approx(row[key], abs=1e-5), key
     kinds, plain_kinds = job.result.summary["bytes_by_kind"], plain_job.result.summary["bytes_by_kind"]
     assert kinds["embedding"] > plain_kinds["embedding"] and kinds["control"] > plain_kinds["control"]
-    # Each gradient upload is masked as int64 (twice float32's bytes) with two more entries: count and loss.
+    # Each gradient upload is a secure sum's masked input, int64 (twice float32's bytes) with two more
+    # entries: count and loss; no gradient travels in the clear.
     replies = [p for _, src, _, m, p in secure if src != "server" and m in ("begin", "finish")]
-    assert sum("masked" in p for p in replies) == M * 3 and not any("gradient" in p for p in replies)
+    masked = [p for _, src, _, m, p in secure if src != "server" and m == "secagg_input"]
+    assert len(masked) == M * 3 and not any("gradient" in p for p in replies)
     assert kinds["model"] == plain_kinds["model"] and kinds["gradient"] == 2 * plain_kinds["gradient"] + 16 * M * 3
     keys = [m for _, _, _, m, _ in secure if m in ("request_keys", "request_peers")]
     assert keys and job.result.summary["bytes_cross_client"] > plain_job.result.summary["bytes_cross_client"]
@@ -139,8 +141,7 @@ def test_masked_gradient_uploads_are_uniform(tmp_path, repeatable_keys):
     ring; the plain gradients, encoded the same way, are not."""
     protocol = {"name": "swift", "K": 2, "I": 2}
     _, secure = observed(config(protocol, {"secure_aggregation": True}, rounds=2), tmp_path / "s")
-    masked = torch.cat([p["masked"] for _, src, _, m, p in secure
-                        if src != "server" and m in ("begin", "finish") and "masked" in p])
+    masked = torch.cat([p for _, src, _, m, p in secure if src != "server" and m == "secagg_input"])
     assert masked.dtype == torch.int64
     assert stats.chisquare(np.bincount(top_bits(masked), minlength=16)).pvalue > 1e-3
     _, plain = observed(config(protocol, rounds=2), tmp_path / "p")

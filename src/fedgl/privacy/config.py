@@ -56,14 +56,28 @@ class DPConfig(Settings):
                 "server can regenerate and subtract it; this run is not private (the switch is for tests)")
 
 
+class SecureAggregationConfig(Settings):
+    """Secure aggregation with its dropout threshold (``secure_aggregation: true`` is this with the default)."""
+
+    threshold: int | None = Field(None, ge=2, description=(
+        "clients that must stay to the end of a secure sum for it to be unmasked (fewer stop the round); "
+        "default: more than half of the round's clients"))
+
+
 class PrivacyConfig(Settings):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
-    secure_aggregation: bool = Field(False, description=(
-        "additive masks: the server sees only masked sums (Swift: not even those)"))
+    secure_aggregation: SecureAggregationConfig | bool = Field(False, union_mode="left_to_right", description=(
+        "additive masks: the server sees only masked sums (Swift: not even those); true, or "
+        "{threshold: t} for the clients that must stay to the end of a sum"))
     dp: DPConfig | None = Field(None, description="differential privacy on model updates and exchanged "
                                                  "embeddings; null = off")
     record_messages: bool = Field(False, description=(
         "write every message's payload to <out>/messages/ so `fedgl audit` can attack what crossed"))
+
+    def secure_threshold(self, clients: int) -> int:
+        """The threshold of a secure sum over ``clients``: the configured one, else a majority."""
+        configured = getattr(self.secure_aggregation, "threshold", None)
+        return configured if configured is not None else clients // 2 + 1
 
     def requested(self) -> list[str]:
         """The options this section turns on."""

@@ -17,8 +17,9 @@ from ...models.split_attention import NEGATIVE_SLOPE, Partial, SplitAttentionNet
 from ...optim import make_optimizer
 from ...privacy import PrivacyConfig
 from ...privacy.dp import PrivateRelease, clip
-from ...privacy.secure_aggregation import MaskedParty, MaskingClient
+from ...privacy.bonawitz import SecAggClient
 from ...sampling import CSR, sample_neighbors, sample_weighted
+from ..aggregation import SecureSumParty
 from ..fedavg.client import private_reply
 from ..fedavg.group import flat_state, state_from_row
 from ..horizontal.shared import HorizontalClient
@@ -48,14 +49,14 @@ def _rows(csr: CSR) -> Tensor:
     return torch.repeat_interleave(torch.arange(csr.num_nodes), csr.degree())
 
 
-class FedAASClient(MaskedParty, HorizontalClient):
+class FedAASClient(SecureSumParty, HorizontalClient):
     """A FedAAS client: trains on its shard, keeps the history store, serves partials to others."""
 
     def __init__(self, name: str, seed: int, shard: Any, train: TrainConfig, num_features: int, num_classes: int,
                  opts: dict[str, Any], index: int = 0, privacy: PrivacyConfig | None = None):
         super().__init__(name, seed, shard, PLACEHOLDER, num_features, num_classes)
         self.privacy = privacy or PrivacyConfig()
-        self.masker = MaskingClient.create(index) if self.privacy.secure_aggregation else None
+        self.secagg = SecAggClient.create(index) if self.privacy.secure_aggregation else None
         self.dp = self.privacy.dp
         self.private = PrivateRelease(self.dp, seed) if self.dp is not None else None
         self.origin: Tensor | None = None  # θ_t as flat_state, the start of this round's update
@@ -371,11 +372,11 @@ class FedAASClient(MaskedParty, HorizontalClient):
         self.step = None
         return {"loss": loss}
 
-    @rpc(participants="index", returns={"state": "model", "num_train": "control", "loss": "control", "masked": "model"})
-    def upload(self, participants: Tensor | None = None, round_index: int = 0) -> dict[str, Any]:
-        """The trained model (under DP: θ_t plus its clipped, noised update); under secure aggregation only
-        ``[w θ, w, w loss]`` masked (fedavg's ``private_reply``), w the client's averaging weight (0
-        without training nodes)."""
+    @rpc(summands="control", returns={"state": "model", "num_train": "control", "loss": "control"})
+    def upload(self, summands: int = 0) -> dict[str, Any]:
+        """The trained model (under DP: θ_t plus its clipped, noised update); under secure aggregation
+        nothing: ``[w θ, w, w loss]`` is kept encoded (fedavg's ``private_reply``) for the secure sum of
+        ``summands`` clients that follows, w the client's averaging weight (0 without training nodes)."""
         num_train = int(self.train_idx.numel())
         loss = sum(self.losses) / len(self.losses) if self.losses else math.nan
         state = self.model.state_dict()
@@ -384,7 +385,8 @@ class FedAASClient(MaskedParty, HorizontalClient):
         weight = (num_train if self.opts.weighting == "nodes" else 1) if num_train else 0
         reply = private_reply(flat_state(state).unsqueeze(0), self.origin.unsqueeze(0), torch.tensor([weight]),
                               torch.tensor([loss if weight else 0.0], dtype=torch.float64), self.privacy,
-                              [self.private], [self.masker], participants, round_index)
-        if "masked" in reply:
-            return {"masked": reply["masked"][0]}
+                              [self.private], summands)
+        if "encoded" in reply:
+            self.secure_value = reply["encoded"][0]
+            return {}
         return {"state": state_from_row(reply["state"][0], state), "num_train": num_train, "loss": loss}

@@ -19,7 +19,8 @@ from ...models import as_model_input
 from ...models.split_attention import SplitAttentionNet, merge_into
 from ...partition import horizontal_from_config
 from ...privacy.dp import NODE_EXCHANGE, SUBSTITUTION, DPAccountant
-from ...privacy.secure_aggregation import decode, exchange_keys, ring_sum
+from ...privacy.secure_aggregation import MIN_PARTICIPANTS
+from ..aggregation import secure_sum, trust_identities
 from ..base import Protocol
 from ..fedavg.server import weighted_average
 from ..fedavg.group import state_from_row
@@ -37,6 +38,7 @@ class FedAAS(Protocol):
     name = "fedaas"
     scenario = "horizontal"
     Options = FedAASOptions
+    sums = 0  # secure sums run so far (also when set up from a shard folder)
 
     @classmethod
     def paper_training(cls, model: str, optimizer: str) -> dict[str, Any]:
@@ -64,9 +66,11 @@ class FedAAS(Protocol):
         if self.secure and o.personalize == "similarity":
             raise ConfigError(f"{self.name}: privacy.secure_aggregation hides each client's model from the server, "
                               f"which personalize 'similarity' needs; use personalize 'none'")
-        if self.secure and self.sample_size(len(part.shards)) < 2:
-            raise ConfigError(f"{self.name}: privacy.secure_aggregation needs at least 2 clients per round, got "
-                              f"{self.sample_size(len(part.shards))} (partition.num_clients x protocol.client_fraction)")
+        count = self.sample_size(len(part.shards))
+        if self.secure and (count < MIN_PARTICIPANTS or self.cfg.privacy.secure_threshold(count) > count):
+            raise ConfigError(f"{self.name}: privacy.secure_aggregation needs at least {MIN_PARTICIPANTS} clients "
+                              f"per round and no fewer than its threshold {self.cfg.privacy.secure_threshold(count)}, "
+                              f"got {count} (partition.num_clients x protocol.client_fraction)")
         dp = self.cfg.privacy.dp
         if dp is not None and (o.phi is not None or (o.query_gradient == "exact" and o.aggregate == "attention")):
             raise ConfigError(f"{self.name}: privacy.dp does not noise what phi (the trainers' logits) or "
@@ -102,7 +106,7 @@ class FedAAS(Protocol):
 
     def start(self) -> None:
         if self.secure:
-            exchange_keys(self.transport, self.clients)
+            trust_identities(self.transport, self.clients)
 
     # ---- the interval ---------------------------------------------------------------------------
     def server_loss(self) -> float:
@@ -125,9 +129,9 @@ class FedAAS(Protocol):
         transport.hold()  # every party keeps a copy of its state where it lives
         server, rng = copy.deepcopy(self.state_dict()), torch.get_rng_state()
         grid = {}
-        for i, tau in enumerate(GRID):
+        for tau in GRID:
             began = transport.clock.now
-            self.run_round(tau, -1 - i)  # masks of its own: no training round uses a negative index
+            self.run_round(tau)
             seconds = transport.clock.now - began
             loss = self.server_loss()
             grid[tau] = {"loss": loss, "seconds": seconds, "rate": (loss - self.losses[0]) / seconds}
@@ -158,7 +162,7 @@ class FedAAS(Protocol):
         if self.tau0 is None:
             self.search_tau0()
         tau = self.tau if self.model.num_layers > 1 else None
-        loss, syncs = self.run_round(tau, round_index)
+        loss, syncs = self.run_round(tau)
         if loss is None:
             return {"train_loss": math.nan, **self.spent()}
         if o.interval == "adaptive":
@@ -175,10 +179,10 @@ class FedAAS(Protocol):
         (all Gaussian events of one noise multiplier, composed), and each of the two alone."""
         return {} if self.accountant is None else self.accountant.epsilons()
 
-    def run_round(self, tau: int | None, mask_round: int) -> tuple[float | None, int]:
-        """The chosen clients' local steps at interval ``tau`` (None: no sync) and the model average
-        (``mask_round`` keys the secure-aggregation masks); returns the weighted training loss (None
-        when no chosen client trained) and the number of sync steps."""
+    def run_round(self, tau: int | None) -> tuple[float | None, int]:
+        """The chosen clients' local steps at interval ``tau`` (None: no sync) and the model average;
+        returns the weighted training loss (None when no chosen client trained) and the number of sync
+        steps."""
         o = self.opts
         steps = o.local_epochs * o.batches
         syncs, self.count = sync_steps(o.sync_counter, tau, steps, self.count)
@@ -199,18 +203,18 @@ class FedAAS(Protocol):
                 run = next((k for k in range(j, steps) if k in syncs), steps) - j
                 self.transport.call_many(chosen, "local", steps=run)
                 j += run
-        return self.average(chosen, state, mask_round), len(syncs)
+        return self.average(chosen, state), len(syncs)
 
-    def average(self, chosen: list[str], state: dict[str, Tensor], mask_round: int) -> float | None:
+    def average(self, chosen: list[str], state: dict[str, Tensor]) -> float | None:
         """FedAvg of the chosen clients' models into θ_{t+1}: weighted in the clear, or decoded from the
         masked sum under secure aggregation (the server then sees no client's model, count or loss);
         returns the weighted training loss, None when no chosen client trained."""
         o = self.opts
         if self.secure:
-            everyone = len(chosen) == len(self.clients)
-            ids = None if everyone else torch.tensor([self.router.index[c] for c in chosen])
-            uploads = self.transport.call_many(chosen, "upload", participants=ids, round_index=mask_round)
-            total = decode(ring_sum(torch.stack([r["masked"] for r in uploads])))  # [Σ w θ, Σ w, Σ w loss]
+            self.transport.call_many(chosen, "upload", summands=len(chosen))
+            self.sums += 1  # each secure sum's label, never used twice
+            total, _ = secure_sum(self.transport, chosen, [self.router.index[c] for c in chosen], self.sums,
+                                  self.cfg.privacy.secure_threshold(len(chosen)))  # [Σ w θ, Σ w, Σ w loss]
             if total[-2] <= 0:
                 return None
             self.model.load_state_dict(state_from_row(total[:-2] / total[-2], state))
@@ -342,7 +346,8 @@ class FedAAS(Protocol):
     def state_dict(self) -> dict[str, Any]:
         return super().state_dict() | {"model": self.model.state_dict(), "tau": self.tau, "tau0": self.tau0,
                                        "grid": dict(self.grid), "losses": list(self.losses), "taus": list(self.taus),
-                                       "count": self.count, "personal": dict(self.personal)} | self.dp_state()
+                                       "count": self.count, "personal": dict(self.personal),
+                                       "sums": self.sums} | self.dp_state()
 
     def dp_state(self) -> dict[str, Any]:
         """The budget spent (the accountant's loads)."""
@@ -354,5 +359,6 @@ class FedAAS(Protocol):
         self.tau, self.tau0, self.grid = state["tau"], state["tau0"], dict(state["grid"])
         self.losses, self.taus, self.count = state["losses"], state["taus"], state["count"]
         self.personal = dict(state["personal"])
+        self.sums = state.get("sums", 0)  # a checkpoint from before secure sums had labels
         if self.accountant is not None:
             self.accountant.load_state(state["dp"])
