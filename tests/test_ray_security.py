@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from fedgl.comm.ray_cluster import connect, enforces_token
+from fedgl.comm.ray_cluster import enforces_token, init_ray
 from fedgl.errors import ConfigError
 
 
@@ -119,19 +119,19 @@ def fake_ray(gcs: str) -> SimpleNamespace:
 def test_joining_a_ray_without_token_authentication_is_refused_unless_opted_out(gcs_without_auth):
     ray = fake_ray(gcs_without_auth)
     with pytest.raises(ConfigError) as refused:
-        connect(ray, gcs_without_auth, 5.0, "token")
+        init_ray(ray, gcs_without_auth, 5.0, "token")
     message = str(refused.value)
     assert len(message.splitlines()) == 1 and "does not enforce token authentication" in message
     assert "RAY_AUTH_MODE=token" in message and "backend.ray_auth: none" in message
     assert not ray.state.up  # the connection it made is closed again
-    assert connect(ray, gcs_without_auth, 5.0, "none") and ray.state.up
+    assert init_ray(ray, gcs_without_auth, 5.0, "none") and ray.state.up
 
 
 def test_a_local_instance_is_not_started_with_token_authentication_turned_off(monkeypatch):
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     ray = fake_ray("unused")
     with pytest.raises(ConfigError, match="RAY_AUTH_MODE=disabled turns Ray's token authentication off"):
-        connect(ray, None, 5.0, "token")
+        init_ray(ray, None, 5.0, "token")
     assert not ray.state.up
 
 

@@ -43,7 +43,7 @@ def check_reachable(address: str, timeout_s: float) -> None:
                           f"(waited up to {timeout_s:g} s; backend.connect_timeout_s)") from None
 
 
-def connect(ray: Any, address: str | None, timeout_s: float, auth: str) -> bool:
+def init_ray(ray: Any, address: str | None, timeout_s: float, auth: str = "token") -> bool:
     """Join ``address``, or start a local instance, unless this process already joined a Ray; then
     check that Ray enforces token authentication (``auth: token``). Returns whether this call
     started the connection (and so shuts it down at the end)."""

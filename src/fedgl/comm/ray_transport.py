@@ -26,7 +26,7 @@ from .network import NetworkModel
 from .party import Party
 from .party_group import PartyGroup
 from .payload import broadcast_base
-from .ray_cluster import connect
+from .ray_cluster import init_ray
 from .shard_file import EVALUATOR_PARTY, load_evaluator
 from .transport import Transport
 
@@ -172,7 +172,7 @@ class RayTransport(Transport):
         except ImportError as exc:
             raise ConfigError("backend 'ray' needs the ray package: pip install 'fedgl[ray]'") from exc
         self._ray = ray
-        self._owns_ray = connect(ray, address, connect_timeout_s, auth)  # token authentication, loopback
+        self._owns_ray = init_ray(ray, address, connect_timeout_s, auth)  # token authentication, loopback
         if self._device == "cuda" and not ray.cluster_resources().get("GPU"):  # no host could ever start
             if self._owns_ray:
                 ray.shutdown()

@@ -20,6 +20,11 @@ RESUMABLE_CHANGES = ("train.rounds", "checkpoint_every", "threads", "device", "b
                      "backend.actors", "backend.shards", "backend.parties", "backend.ray_auth", "logging",
                      "privacy.record_messages", "protocol.memory_budget_mb")
 
+# Keys added after hashes were first written, each with the value runs made before it behaved as: a
+# config holding that value hashes as it did before the key existed, so older checkpoints and shard
+# folders still load, and only where they computed the same thing. (DP noise was drawn from the seed.)
+ADDED_KEYS = {"privacy.dp.replayable_noise": True}
+
 
 def flat_config(cfg: RunConfig) -> dict[str, Any]:
     """The resolved config as {dotted key: value}."""
@@ -36,5 +41,6 @@ def resumable_change(key: str) -> bool:
 
 def config_hash(cfg: RunConfig) -> str:
     """What the run computes, as a short hash (keys a resume may change are left out)."""
-    kept = {k: v for k, v in flat_config(cfg).items() if not resumable_change(k)}
+    kept = {k: v for k, v in flat_config(cfg).items()
+            if not resumable_change(k) and not (k in ADDED_KEYS and ADDED_KEYS[k] == v)}
     return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
