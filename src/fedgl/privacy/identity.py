@@ -17,7 +17,8 @@ SIGNATURE_BYTES = 64
 
 @dataclass
 class Identity:
-    """A client's Ed25519 signing key, kept as raw bytes so its party checkpoints it as plain state."""
+    """A client's Ed25519 signing key as raw bytes; its party declares it secret, so it is never
+    checkpointed and a resumed run makes and publishes a new one."""
 
     private: bytes
 

@@ -143,6 +143,8 @@ def exchange_keys(transport: Transport, parties: list[str]) -> None:
 class MaskedParty:
     """The key-agreement methods of a party holding one client's ``masker``."""
 
+    secret_state = frozenset({"masker"})  # key pair and agreed secrets: never checkpointed, agreed again
+
     masker: MaskingClient | None
 
     @rpc(returns="control")

@@ -31,6 +31,8 @@ STEPS = ("advertise", "share", "input", "consent", "reveal")
 class SecureSumParty:
     """The secure-sum steps of a party holding one client's ``secagg`` state."""
 
+    secret_state = frozenset({"secagg"})  # identity and session keys: never checkpointed, agreed again
+
     secagg: SecAggClient | None
     secure_value: Tensor | None = None  # the int64 fixed-point vector the next sum takes from this client
 

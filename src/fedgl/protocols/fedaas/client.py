@@ -52,7 +52,6 @@ def _rows(csr: CSR) -> Tensor:
 class FedAASClient(SecureSumParty, HorizontalClient):
     """A FedAAS client: trains on its shard, keeps the history store, serves partials to others."""
 
-    secret_state = frozenset({"secagg"})  # identity and session keys: never checkpointed, agreed again
 
     def __init__(self, name: str, seed: int, shard: Any, train: TrainConfig, num_features: int, num_classes: int,
                  opts: dict[str, Any], index: int = 0, privacy: PrivacyConfig | None = None):

@@ -34,7 +34,6 @@ def private_reply(rows: torch.Tensor, start: torch.Tensor, num_train: torch.Tens
 
 
 class FedAvgClient(SecureSumParty, Party):
-    secret_state = frozenset({"secagg"})  # identity and session keys: never checkpointed, agreed again
 
     def __init__(self, name: str, seed: int, shard: Any, model: ModelConfig, train: TrainConfig | None,
                  num_features: int, num_classes: int, local_epochs: int, batch_size: int | None,

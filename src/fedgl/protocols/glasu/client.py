@@ -45,7 +45,6 @@ class GlasuClient(MaskedParty, Party):
     graph of the joint inference, reused for the first local step) and the stored H_{-m}.
     """
 
-    secret_state = frozenset({"masker"})  # key pair and agreed secrets: never checkpointed, agreed again
 
     def __init__(self, name: str, seed: int, index: int, num_clients: int, x: Tensor, edge_index: Tensor,
                  y: Tensor | None, train_mask: Tensor, model: ModelConfig, train: TrainConfig, num_classes: int,

@@ -38,7 +38,6 @@ def dense_rows(h: Tensor, index: Tensor) -> Tensor:
 class CrossClient(SecureGradientSumParty, HorizontalClient):
     """A client holding one horizontal shard: trains on it and serves partial sums to others."""
 
-    secret_state = frozenset({"secagg"})  # identity and session keys: never checkpointed, agreed again
 
     def __init__(self, name: str, seed: int, shard: Any, model: ModelConfig, train: TrainConfig,
                  num_features: int, num_classes: int, batch_size: int | None, fanouts: list[int],
