@@ -110,6 +110,7 @@ def held_out(protocol: dict, rounds: int = 3) -> dict:
     return cfg
 
 
+@pytest.mark.slow
 def test_tau0_grid_keeps_the_fastest_tau_and_continues_from_the_state_it_started_from(tmp_path):
     """The grid's trial of τ is round 1 of a run started at ``tau0: τ``: the same server loss and the
     same simulated seconds. It keeps the τ with the lowest (F_τ - F_0) / seconds; after it, the run is

@@ -59,6 +59,7 @@ def test_server_never_keeps_the_global_graph(data_root, tmp_path):
     job.transport.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", ["centralized", "fedavg"])
 @pytest.mark.parametrize("dataset, classes", [("citeseer", 6), ("photo", 8)])
 def test_reference_and_local_baseline_learn_beyond_cora(data_root, tmp_path, protocol, dataset, classes):

@@ -252,7 +252,7 @@ def test_bad_settings_are_config_errors(protocol, model, partition, message):
 
 
 # ---- accuracy, example -----------------------------------------------------------------------------
-@pytest.mark.parametrize("dataset", ["cora", "citeseer"])
+@pytest.mark.parametrize("dataset", ["cora", pytest.param("citeseer", marks=pytest.mark.slow)])
 def test_every_baseline_learns(data_root, dataset):
     """The bench's presets (Cent., StAl., Sim., GLASU-1, GLASU-4) on a 2-layer GCN: within 20
     mini-batches the training loss falls by a fifth and test accuracy is 20 points above the majority
@@ -303,6 +303,7 @@ def test_bench_tasks_build_valid_configs():
             assert cfg.protocol_name == "glasu"
 
 
+@pytest.mark.slow
 def test_figure3_task_overlays_the_backbones_curves(tmp_path):
     from fedgl.bench.core import run_task
     from fedgl.bench.glasu import TASKS
