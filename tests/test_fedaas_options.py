@@ -14,9 +14,10 @@ from torch_geometric.data import Data
 from fedgl.config import build_config
 from fedgl.errors import ConfigError
 from fedgl.privacy.config import SUPPORTED
-from fedgl.protocols.fedaas import GRID, FedAASClient, ratio_picks
-from fedgl.protocols.fedavg_group import flat_state
-from fedgl.protocols.routing import Router
+from fedgl.protocols.fedaas.client import FedAASClient
+from fedgl.protocols.fedaas.schedule import GRID, ratio_picks
+from fedgl.protocols.fedavg.group import flat_state
+from fedgl.protocols.horizontal.routing import Router
 from fedgl.results import read_jsonl
 from fedgl.runner import Run, run
 from support.configs import fedaas as config

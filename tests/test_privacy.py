@@ -15,8 +15,9 @@ from fedgl.errors import ConfigError, RunFailed
 from fedgl.privacy import DPConfig
 from fedgl.privacy import dp as dp_module
 from fedgl.privacy import secure_aggregation as sa
-from fedgl.protocols.fedavg_group import flat_state
-from fedgl.protocols.glasu import Glasu, GlasuClient
+from fedgl.protocols.fedavg.group import flat_state
+from fedgl.protocols.glasu.client import GlasuClient
+from fedgl.protocols.glasu.server import Glasu
 from fedgl.runner import Run
 from support.keys import fixed_pair
 from support.masks import top_bits

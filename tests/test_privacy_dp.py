@@ -12,7 +12,7 @@ import torch
 from fedgl.config import build_config
 from fedgl.errors import ConfigError
 from fedgl.privacy.config import SUPPORTED
-from fedgl.protocols.fedavg_group import flat_state
+from fedgl.protocols.fedavg.group import flat_state
 from fedgl.runner import Run
 
 dpa = pytest.importorskip("dp_accounting")

@@ -15,7 +15,7 @@ from fedgl.errors import ConfigError
 from fedgl.privacy import secure_aggregation as sa
 from fedgl.privacy.dp import ReleaseAccountant, epsilon
 from fedgl.privacy.config import DPConfig
-from fedgl.protocols.routing import OWN
+from fedgl.protocols.horizontal.routing import OWN
 from fedgl.runner import Run
 from support.masks import top_bits
 

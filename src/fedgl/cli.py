@@ -207,7 +207,7 @@ def _partition(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    from .privacy.audit import audit_command
+    from .audit import audit_command
 
     return audit_command(Path(args.run_dir), console(), as_json=args.json, data_root=args.data_root)
 

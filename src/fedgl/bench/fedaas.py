@@ -1,8 +1,8 @@
 """FedAAS bench tasks (fedaas.txt, §7): the paper's numbers beside ours.
 
 ``fedaas-table2-<dataset>`` is Table 2 (final test accuracy, macro-F1, AUC at round 50 over 3 seeds)
-for FedCross, GraphFed (reconstructed: ``protocols/similarity.py``), FedPNS (the FedAAS paper's version),
-FedGraph (reconstructed: ``protocols/fanout_policy.py``) and FedAAS, iid (stratified) and non-iid
+for FedCross, GraphFed (reconstructed: ``protocols/fedaas/similarity.py``), FedPNS (the FedAAS paper's version),
+FedGraph (reconstructed: ``protocols/fedaas/fanout_policy.py``) and FedAAS, iid (stratified) and non-iid
 (Dirichlet α = 0.5, per class as the paper says, or per client as the authors' code draws it).
 ``fedaas-cost`` is Fig. 4's comparison on CS: embedding bytes (the paper's communication cost) and
 total bytes until the test accuracy first reaches 80%, written to ``cost.md`` beside the table.

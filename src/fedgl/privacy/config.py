@@ -23,7 +23,7 @@ SUPPORTED: dict[str, tuple[str, ...]] = {
     # global model (GraphFed's server mixes each client's own model, so it has no sum to mask)
     **dict.fromkeys(("fedaas", "fedcross", "fedaas-pns", "fedlocal", "fedall", "fedaas1", "fedaas2",
                      "fedgraph-recon"), ("secure_aggregation", "dp")),
-    # the Swift-FedGNN family's cross-client sums (protocols/cross_client.py); LLCG sends raw rows by design
+    # the Swift-FedGNN family's cross-client sums (protocols/horizontal/); LLCG sends raw rows by design
     "swift": ("secure_aggregation", "dp"),
     "fedgnn-g": ("secure_aggregation", "dp"),
     "fedgnn-pns": ("secure_aggregation", "dp"),

@@ -1,0 +1,19 @@
+"""FedAvg over horizontal subgraphs, ignoring cross-client edges (the "local only" baseline).
+
+Each round the server samples a fraction of the clients, sends them the global model, each trains
+``local_epochs`` on its own subgraph (cross-client edges are invisible to it) and returns its model;
+the server averages them weighted by training-node count: FedLocal-style local-only training (the
+Swift paper's FedSage is ``swift`` with ``K: 0``, which keeps Swift's batches and gradient averaging).
+
+Clients are parties of their own (``FedAvgClient``) or members of a ``FedAvgGroup``, a party that
+trains several GCN/GraphSAGE clients as one batched computation (``group.py``) with the
+same trajectories and the same model bytes: each member's model travels as its own row of a
+``Rows("model")`` payload and the ledger attributes it to that member.
+
+Privacy (``RunConfig.privacy``, ``fedgl.privacy``): with ``dp`` each client clips its update (its model
+minus the global model it received) and adds Gaussian noise before anything leaves it; the server
+tracks epsilon with the accountant. With ``secure_aggregation`` the clients agree on pairwise keys once
+at setup (``public_key`` then ``agree``, relayed by the server) and each round a client sends only
+``[w * model, w, w * loss]`` (w its training-node count) in fixed point with pairwise masks, so the
+server learns the weighted sums and nothing per client.
+"""
