@@ -29,16 +29,16 @@ NOT_RESUMED = {
               "sampled in rounds 2-3)",
     "fedavg-group": "as fedavg: transport.compute_s is not checkpointed, and a member not sampled after the "
                     "resume is missing from compute_s_by_party",
-    "llcg": "LLCGClient makes its persistent optimiser lazily (protocols/llcg.py, LLCGClient.local) and "
-            "comm/party_state.restore drops a saved optimiser state whose fresh attribute is None: the "
+    "llcg": "LLCGClient makes its persistent optimiser lazily (protocols/horizontal/llcg.py, LLCGClient.local) "
+            "and comm/party_state.restore drops a saved optimiser state whose fresh attribute is None: the "
             "clients' Adam moments restart after a resume, so the server loss and the scores differ",
 }
 NOT_RERUN = {
     "glasu": "the results folder's config.yaml sets partition.method: metis explicitly, which GLASU refuses "
-             "(protocols/glasu.vertical_blocks maps only an unset method to contiguous blocks)",
+             "(protocols/glasu/options.vertical_blocks maps only an unset method to contiguous blocks)",
     "glasu-exact": "as glasu: config.yaml's explicit partition.method: metis is refused by GLASU",
-    "cnfgnn": "CNFGNNOptions.message_mb defaults to the int 1024 and reads back from config.yaml as 1024.0, "
-              "so runner.config_hash (JSON of the flat config) differs for the same config",
+    "cnfgnn": "CNFGNNOptions.message_mb (protocols/node_level/cnfgnn.py) defaults to the int 1024 and reads "
+              "back from config.yaml as 1024.0, so runner.config_hash (JSON of the flat config) differs",
 }
 
 
