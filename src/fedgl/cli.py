@@ -84,7 +84,7 @@ def _paper_training_notes(cfg, config: str, sets: list[str]) -> list[str]:
 def _run(args: argparse.Namespace) -> int:
     from .config import load_config
     from .progress import human_bytes
-    from .runner import prepare, unread_settings
+    from .session import prepare, unread_settings
 
     overrides = [f"{key}={value}" for flag, key in _FLAGS.items() if (value := getattr(args, flag)) is not None]
     notes = _switched_protocol(args.config, args.protocol, overrides)
@@ -191,7 +191,7 @@ def _report(args: argparse.Namespace) -> int:
 def _partition(args: argparse.Namespace) -> int:
     from .config import load_config
     from .deployment import write_shards
-    from .runner import unread_settings
+    from .session import unread_settings
 
     cfg = load_config(args.config, list(args.set or []))
     for note in unread_settings(cfg):

@@ -25,6 +25,7 @@ from ..errors import ConfigError
 from ..protocols import protocol_class
 from ..results import CONFIG, FINISHED, SUMMARY, write_json
 from ..runner import run
+from ..tables import markdown_table
 
 
 @dataclass
@@ -247,8 +248,7 @@ def render_markdown(task: BenchTask, rows: list[dict[str, Any]], seeds: int) -> 
     header = _header(task)
     lines = [f"# {task.name}", "", task.description, "", f"Mean ± std over {seeds} seed(s).",
              f"Paper numbers: {task.source}" if task.source else "", "",
-             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_cells(task, row)) + " |" for row in rows]
+             *markdown_table(header, [_cells(task, row) for row in rows])]
     return "\n".join(lines) + "\n"
 
 

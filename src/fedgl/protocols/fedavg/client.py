@@ -9,7 +9,7 @@ import torch
 
 from ...comm import Party, Rows, rpc
 from ...config import ModelConfig, TrainConfig
-from ...optim import make_model
+from ...models import make_model
 from ...privacy import PrivacyConfig
 from ...privacy.dp import privatize
 from ...privacy.secure_aggregation import MaskedParty, MaskingClient, encode

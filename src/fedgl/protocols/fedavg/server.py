@@ -14,7 +14,7 @@ from ...config import RunConfig
 from ...errors import ConfigError, RunFailed
 from ...evaluation import Evaluator
 from ...partition import horizontal_from_config
-from ...optim import make_model
+from ...models import make_model
 from ...privacy.dp import Accountant
 from ...privacy.secure_aggregation import decode, exchange_keys, ring_sum
 from ..base import Protocol, ProtocolOptions

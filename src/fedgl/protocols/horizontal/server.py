@@ -56,9 +56,10 @@ from ...comm.payload import nbytes
 from ...config import ModelConfig
 from ...errors import ConfigError
 from ...evaluation import Evaluator
+from ...models import make_model
 from ...models.graph import canonical_model_name
 from ...models.split_horizontal import SPLITTABLE, first_linear
-from ...optim import make_model, make_optimizer
+from ...optim import make_optimizer
 from ...partition import horizontal_from_config
 from ...privacy.dp import Accountant, ReleaseAccountant
 from ...privacy.secure_aggregation import decode, exchange_keys, ring_sum
