@@ -6,11 +6,14 @@ again from the `config.yaml` its results folder holds, it is the same run. Each 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 
 from fedgl.cli import main
 from fedgl.config import build_config, load_config
+from fedgl.deployment import MANIFEST
 from fedgl.runner import run
 from support.configs import PROTOCOLS, VARIANTS, tiny
 from support.runs import compare_runs, run_resumed
@@ -78,13 +81,17 @@ def test_resumed_equals_uninterrupted(name, in_process, tmp_path):
 
 @pytest.mark.parametrize("name", EVERY)
 def test_deployed_equals_in_process(name, in_process, tmp_path, monkeypatch):
-    """`fedgl partition` of the run's config, then the run over the shard folder, whose driver never
-    loads the dataset."""
+    """`fedgl partition` of the run's config (one file per party, the server's state, the evaluator's
+    ground truth, the manifest), then the run over the shard folder, whose driver never loads the
+    dataset."""
     import fedgl.runner
 
     local, settings = in_process(name)
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(settings))
     assert main(["partition", str(tmp_path / "run.yaml"), "--out", str(tmp_path / "shards")]) == 0
+    parties = [p["name"] for p in json.loads((tmp_path / "shards" / MANIFEST).read_text())["parties"]]
+    assert sorted(f.name for f in (tmp_path / "shards").iterdir()) == sorted(
+        [MANIFEST, "server.pt", "evaluator.pt"] + [f"{n}.pt" for n in parties])
     monkeypatch.setattr(fedgl.runner, "load_data", lambda *a, **k: pytest.fail("the deployed driver loaded the data"))
     deployed = run(build_config({**settings, "backend": {"shards": str(tmp_path / "shards")}}), tmp_path / "run")
     compare_runs(local, deployed)
