@@ -24,7 +24,9 @@ Groups:
   (GLASU with one client: the split model's L layers and classifier head), timed alternately;
 * ``fedgnn-g-physics``: FedGNN-G at batch 256 with 20 random clients on Coauthor Physics, peak memory
   (skipped by ``--quick``);
-* ``startup``: ``python -X importtime`` of ``fedgl.cli`` and ``fedgl.runner``, ``fedgl --version``.
+* ``startup``: ``python -X importtime`` of ``fedgl.cli`` and ``fedgl.runner``, ``fedgl --version``;
+* ``bench-jobs``: a 2-variant × 3-seed bench task on a synthetic graph, one run after another and then
+  with ``--jobs 2``: the ratio of their wall times and whether their tables are the same (CPU pass only).
 
 ``--only GROUP`` (repeatable) runs some groups and keeps the others' last rows in perf.json.
 
@@ -334,9 +336,35 @@ def startup(quick: bool, place: Place = CPU) -> list[Measure]:
     ]
 
 
+def bench_jobs(quick: bool, place: Place = CPU) -> list[Measure]:
+    """``fedgl bench --jobs 2`` against one run after another, both from the task's ``cost.json``."""
+    if place.name != "cpu":
+        return []
+    from rich.console import Console
+
+    from fedgl.bench.core import COST, BenchTask, Variant, run_task
+
+    nodes, rounds = (2000, 10) if quick else (5000, 100)  # runs long beside a worker's start (its imports)
+    task = BenchTask("perf-jobs", "two backbones on a synthetic graph", seeds=3, columns=["test_accuracy"],
+                     base={"dataset": {"name": "synthetic", "options": {"num_nodes": nodes}}, "train": {"rounds": rounds}},
+                     variants=[Variant("gcn"), Variant("sage", {"model.name": "sage"})])
+    walls, tables = {}, {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for jobs in (1, 2):
+            out = Path(tmp) / f"jobs{jobs}"
+            run_task(task, out, jobs=jobs, console=Console(quiet=True))
+            walls[jobs] = json.loads((out / COST).read_text())["wall_s"]
+            tables[jobs] = (out / "table.json").read_text()
+    same = "the same tables" if tables[1] == tables[2] else "tables that differ"
+    return [Measure("bench-jobs", "bench task of 2 variants x 3 seeds: wall with --jobs 2 / one after another",
+                    walls[2] / walls[1], "x", None if quick or (os.cpu_count() or 1) < 2 else "<= 0.6",
+                    f"{walls[1]:.1f} s against {walls[2]:.1f} s, {same}; FedAvg, {rounds} rounds on a {nodes:,}-node "
+                    f"synthetic graph")]
+
+
 GROUPS: dict[str, Callable[[bool, Place], list[Measure]]] = {"startup": startup, "overhead": overhead, "peers": peers,
                                                       "scale": scale, "synthetic": synthetic, "glasu-cs": glasu_cs,
-                                                      "fedgnn-g-physics": fedgnn_g_physics}
+                                                      "fedgnn-g-physics": fedgnn_g_physics, "bench-jobs": bench_jobs}
 
 
 # ---- the suite ----------------------------------------------------------------------------------------

@@ -313,7 +313,7 @@ def without_timings(row: dict) -> dict:
     ({"name": "fedgnn-g", "fanouts": [5, 3], "remote_backprop": True}, "gcn", {}),
     ({"name": "swift", "K": 3, "I": 1, "fanouts": [4, 4]}, "gin", {"secure_aggregation": True}),
     ({"name": "fedgnn-pns", "initial_interval": 2, "fanouts": [5, 3]}, "sage",
-     {"dp": {"noise_multiplier": 0.5, "max_norm": 1.0}})])
+     {"dp": {"noise_multiplier": 0.5, "max_norm": 1.0, "replayable_noise": True}})])
 def test_a_budget_that_batches_the_owners_changes_no_result(tmp_path, monkeypatch, protocol, model, privacy):
     """Under the tightest budget the server asks the owners in several batches and drops each
     batch's replies once added in; metrics, ledger and summary equal the unbatched run's bit for

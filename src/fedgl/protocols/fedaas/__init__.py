@@ -26,6 +26,7 @@ knows every node's owner, draws each owner's share of a target's remote candidat
 ``privacy.secure_aggregation``, masked uploads of which the server decodes only the sum (FedAvg's
 ``private_reply``). With ``privacy.dp`` a client's upload is its update clipped and noised (FedAvg's
 ``private_reply`` again), every row an owner puts into a pair partial and every key and query crossing
-at a sync is clipped and noised (``FedAASClient.private_partials``), and the server composes the rounds
-of uploads with the most released node's count (docs/privacy.md, FedAAS).
+at a sync is clipped and noised (``FedAASClient.private_partials``, from its ``PrivateRelease``), and the
+server charges the uploads and every partial, key and query to the nodes of the client that computed it
+(``DPAccountant``; docs/privacy.md, FedAAS).
 """

@@ -16,7 +16,7 @@ from ...config import ModelConfig, TrainConfig
 from ...models.split_attention import NEGATIVE_SLOPE, Partial, SplitAttentionNet
 from ...optim import make_optimizer
 from ...privacy import PrivacyConfig
-from ...privacy.dp import clip, gaussian, noise_generator
+from ...privacy.dp import PrivateRelease, clip
 from ...privacy.secure_aggregation import MaskedParty, MaskingClient
 from ...sampling import CSR, sample_neighbors, sample_weighted
 from ..fedavg.client import private_reply
@@ -57,7 +57,7 @@ class FedAASClient(MaskedParty, HorizontalClient):
         self.privacy = privacy or PrivacyConfig()
         self.masker = MaskingClient.create(index) if self.privacy.secure_aggregation else None
         self.dp = self.privacy.dp
-        self.noise = noise_generator(seed) if self.dp is not None else None
+        self.private = PrivateRelease(self.dp, seed) if self.dp is not None else None
         self.origin: Tensor | None = None  # θ_t as flat_state, the start of this round's update
         self.opts = FedAASOptions.model_validate(opts)
         self.train_cfg = train
@@ -294,7 +294,7 @@ class FedAASClient(MaskedParty, HorizontalClient):
             return self.model.query_key(layer, h)[0]
         a = self.model.att_dst[layer]
         query = clip(self.model.project(layer, h), self.dp.max_norm) @ a
-        return gaussian(query, self.dp, self.noise, float(a.norm()) * self.dp.max_norm)
+        return self.private.noised(query, float(a.norm()) * self.dp.max_norm)
 
     @torch.no_grad()
     def private_partials(self, layer: int, h: Tensor, query: Tensor, pair: Tensor, npairs: int
@@ -306,14 +306,14 @@ class FedAASClient(MaskedParty, HorizontalClient):
         at σ sqrt(C² + 1). Keys are noised at σ |a| C. Then, on the noised sums and public bounds only: a den
         into the range a true one has, and the pair sent as its mean (clipped to the C-ball), den 1 and shift
         b + log den, the same partial in a form that does not underflow (the sums are taken in float64)."""
-        dp, model, bound = self.dp, self.model, self.dp.max_norm
+        model, bound = self.model, self.dp.max_norm
         projected = self.opts.remote_projection == "owner"
         rows = clip(model.project(layer, h) if projected else h, bound)
         direction = model.att_src[layer] if projected else model.weights[layer] @ model.att_src[layer]
         keys = rows @ direction
         count = torch.bincount(pair, minlength=npairs).to(rows.dtype)
         if self.opts.aggregate == "mean":
-            num = gaussian(torch.zeros(npairs, rows.size(1)).index_add_(0, pair, rows), dp, self.noise)
+            num = self.private.noised(torch.zeros(npairs, rows.size(1)).index_add_(0, pair, rows))
             return Partial(clip(num, (count * bound).unsqueeze(1)), count, torch.zeros(npairs)), keys
         kappa = float(direction.norm())
         top = F.leaky_relu(query + kappa * bound, NEGATIVE_SLOPE)
@@ -321,12 +321,12 @@ class FedAASClient(MaskedParty, HorizontalClient):
         gap = (F.leaky_relu(query[pair] + keys, NEGATIVE_SLOPE) - top[pair]).double()
         weight = torch.exp(gap).unsqueeze(1)
         terms = torch.cat([rows.double() * weight, weight], 1)
-        sums = gaussian(torch.zeros(npairs, terms.size(1), dtype=terms.dtype).index_add_(0, pair, terms), dp,
-                        self.noise, math.hypot(bound, 1.0))
+        sums = self.private.noised(torch.zeros(npairs, terms.size(1), dtype=terms.dtype).index_add_(0, pair, terms),
+                                   math.hypot(bound, 1.0))
         den = sums[:, -1].clamp(min=count.double() * torch.exp((low - top).double()), max=count.double())
         mean = clip(sums[:, :-1] / den.unsqueeze(1), bound).to(rows.dtype)
         return (Partial(mean, torch.ones(npairs), (top.double() + den.log()).to(rows.dtype)),
-                gaussian(keys, dp, self.noise, kappa * bound))
+                self.private.noised(keys, kappa * bound))
 
     @rpc(incoming="index", query="embedding",
          returns={"num": "embedding", "den": "embedding", "shift": "embedding", "keys": "embedding", "count": "index",
@@ -384,7 +384,7 @@ class FedAASClient(MaskedParty, HorizontalClient):
         weight = (num_train if self.opts.weighting == "nodes" else 1) if num_train else 0
         reply = private_reply(flat_state(state).unsqueeze(0), self.origin.unsqueeze(0), torch.tensor([weight]),
                               torch.tensor([loss if weight else 0.0], dtype=torch.float64), self.privacy,
-                              [self.noise], [self.masker], participants, round_index)
+                              [self.private], [self.masker], participants, round_index)
         if "masked" in reply:
             return {"masked": reply["masked"][0]}
         return {"state": state_from_row(reply["state"][0], state), "num_train": num_train, "loss": loss}

@@ -11,21 +11,21 @@ from ...comm import Party, Rows, rpc
 from ...config import ModelConfig, TrainConfig
 from ...models import make_model
 from ...privacy import PrivacyConfig
-from ...privacy.dp import privatize
+from ...privacy.dp import PrivateRelease, release_rows
 from ...privacy.secure_aggregation import MaskedParty, MaskingClient, encode
 from ..local_training import LocalTrainer
 from .group import ClientGroupTrainer, flat_state, state_from_row
 
 
 def private_reply(rows: torch.Tensor, start: torch.Tensor, num_train: torch.Tensor, loss: torch.Tensor,
-                  privacy: PrivacyConfig, generators: list[torch.Generator | None], maskers: list[MaskingClient],
+                  privacy: PrivacyConfig, releases: list[PrivateRelease | None], maskers: list[MaskingClient],
                   participants: torch.Tensor | None, round_index: int) -> dict[str, torch.Tensor]:
     """What k clients send after training from ``start`` to ``rows`` (``flat_state`` rows): with DP
     the noised, clipped updates applied to ``start``; with secure aggregation only the masked
     fixed-point rows ``[w * model, w, w * loss]``, w = training nodes (``participants``: the ids of
     this round's clients, None = all)."""
     if privacy.dp is not None:
-        rows = start + privatize(rows - start, privacy.dp, generators)
+        rows = start + release_rows(releases, rows - start)
     if not privacy.secure_aggregation:
         return {"state": rows, "num_train": num_train, "loss": loss}
     values = torch.cat([rows.double(), torch.ones_like(loss).unsqueeze(1), loss.unsqueeze(1)], 1)
@@ -46,6 +46,7 @@ class FedAvgClient(MaskedParty, Party):
         self.batch_size = batch_size
         self.privacy = privacy or PrivacyConfig()
         self.masker = MaskingClient.create(index) if self.privacy.secure_aggregation else None
+        self.release = PrivateRelease(self.privacy.dp, seed) if self.privacy.dp is not None else None
 
     @rpc(state="model", participants="index",
          returns={"state": "model", "num_train": "control", "loss": "control", "masked": "model"})
@@ -58,7 +59,7 @@ class FedAvgClient(MaskedParty, Party):
             return {"state": trained, "num_train": self.num_train, "loss": loss}
         reply = private_reply(flat_state(trained).unsqueeze(0), flat_state(state).unsqueeze(0),
                               torch.tensor([self.num_train]), torch.tensor([loss], dtype=torch.float64),
-                              self.privacy, [None], [self.masker], participants, round_index)
+                              self.privacy, [self.release], [self.masker], participants, round_index)
         if "masked" in reply:
             return {"masked": reply["masked"][0]}
         return {"state": state_from_row(reply["state"][0], trained), "num_train": self.num_train, "loss": loss}
@@ -86,6 +87,7 @@ class FedAvgGroup(Party):
         self.local_epochs = local_epochs
         self.privacy = privacy or PrivacyConfig()
         self.maskers = [c.masker for c in clients]
+        self.releases = [c.release for c in clients]  # each member's own noise stream
 
     @rpc(returns=Rows("control"))
     def public_key(self) -> torch.Tensor:
@@ -112,5 +114,5 @@ class FedAvgGroup(Party):
         if bool(training.any()):
             loss[training] = self.trainer.train_epochs(self.local_epochs, members[training]).double()
         return private_reply(self.trainer.get_rows(users), state, num_train, loss, self.privacy,
-                             [self.trainer.members[m].generator for m in members.tolist()],
+                             [self.releases[m] for m in members.tolist()],
                              [self.maskers[m] for m in members.tolist()], participants, round_index)

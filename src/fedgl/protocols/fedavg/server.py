@@ -15,7 +15,7 @@ from ...errors import ConfigError, RunFailed
 from ...evaluation import Evaluator
 from ...partition import horizontal_from_config
 from ...models import make_model
-from ...privacy.dp import Accountant
+from ...privacy.dp import CLIENT_UPDATES, DPAccountant
 from ...privacy.secure_aggregation import decode, exchange_keys, ring_sum
 from ..base import Protocol, ProtocolOptions
 from .client import FedAvgClient, FedAvgGroup
@@ -47,7 +47,6 @@ class FedAvg(Protocol):
     def __init__(self, cfg: RunConfig, transport: Transport):
         super().__init__(cfg, transport)
         self.privacy = cfg.privacy
-        self.accountant = Accountant(cfg.privacy.dp) if cfg.privacy.dp is not None else None
 
     def build(self, num_features: int, num_classes: int) -> None:
         self.model = make_model(self.cfg.model, num_features, num_classes)
@@ -63,6 +62,8 @@ class FedAvg(Protocol):
             for m, shard in enumerate(part.shards)
         ]
         self.alive = torch.ones(self.num_clients, dtype=torch.bool)
+        dp = self.privacy.dp  # every round a client takes part in is a full release of its update
+        self.accountant = DPAccountant(dp, torch.arange(self.num_clients), CLIENT_UPDATES) if dp is not None else None
         if self.privacy.secure_aggregation and self.sample_size() < 2:
             raise ConfigError(f"fedavg: privacy.secure_aggregation needs at least 2 clients per round, got "
                               f"{self.sample_size()} (partition.num_clients x protocol.client_fraction)")
@@ -119,7 +120,7 @@ class FedAvg(Protocol):
         chosen = self.sample_clients()
         stats = {}
         if self.accountant is not None:  # counted before any client releases its update
-            self.accountant.step(chosen.numel() / int(self.alive.sum()))
+            self.accountant.charge(nodes=chosen)
             stats["epsilon"] = self.accountant.epsilon()
         state = self.model.state_dict()
         masking = {}
@@ -175,10 +176,10 @@ class FedAvg(Protocol):
     def summary(self) -> dict[str, Any]:
         if self.accountant is None:
             return {}
-        return {"epsilon": self.accountant.epsilon(), "delta": self.accountant.delta}
+        return self.accountant.summary()
 
     def state_dict(self) -> dict:
-        dp = {"dp_rates": list(self.accountant.rates)} if self.accountant is not None else {}
+        dp = {"dp": self.accountant.state()} if self.accountant is not None else {}
         return super().state_dict() | {"model": self.model.state_dict(), "alive": self.alive.clone()} | dp
 
     def load_state_dict(self, state: dict) -> None:
@@ -186,4 +187,4 @@ class FedAvg(Protocol):
         self.model.load_state_dict(state["model"])
         self.alive = state["alive"].clone()
         if self.accountant is not None:
-            self.accountant.rates = list(state["dp_rates"])
+            self.accountant.load_state(state["dp"])

@@ -14,7 +14,7 @@ from ...config import ModelConfig, TrainConfig
 from ...models import select_rows
 from ...models.split_horizontal import source_scale
 from ...privacy import PrivacyConfig
-from ...privacy.dp import clip, gaussian, noise_generator
+from ...privacy.dp import PrivateRelease
 from ...privacy.secure_aggregation import MaskedParty, MaskingClient, RequestMasking, decode, encode
 from ...sampling import CSR
 from .plan import OwnerPlan
@@ -43,7 +43,7 @@ class CrossClient(MaskedParty, HorizontalClient):
         super().__init__(name, seed, shard, model, num_features, num_classes)
         self.privacy = privacy or PrivacyConfig()
         self.masker = MaskingClient.create(index) if self.privacy.secure_aggregation else None
-        self.noise = noise_generator(seed) if self.privacy.dp is not None else None
+        self.private = PrivateRelease(self.privacy.dp, seed) if self.privacy.dp is not None else None
         self.train_cfg = train
         self.batch_size = batch_size
         self.fanouts = list(fanouts)
@@ -112,7 +112,7 @@ class CrossClient(MaskedParty, HorizontalClient):
         flat = torch.cat([g.flatten() for g in out["gradient"].values()]) if out else \
             torch.cat([p.detach().flatten() for p in self.model.parameters()]).zero_()
         if self.privacy.dp is not None and out:
-            flat = gaussian(clip(flat.unsqueeze(0), self.privacy.dp.max_norm)[0], self.privacy.dp, self.noise)
+            flat = self.private(flat.unsqueeze(0))[0]
         if self.masker is None:
             sizes = [g.numel() for g in out["gradient"].values()]
             return out | {"gradient": {name: part.view_as(g) for (name, g), part in
@@ -193,7 +193,7 @@ class CrossClient(MaskedParty, HorizontalClient):
             scale = source_scale(self.model, plan.degree[plan.nodes[layer - 1][src]])
             rows = rows if scale is None else rows * scale
             if self.privacy.dp is not None:  # every row's influence on a sum bounded by max_norm
-                rows = clip(rows, self.privacy.dp.max_norm)
+                rows = self.private.clip(rows)
             npairs = int(pair.max()) + 1
             total = torch.zeros(npairs, rows.size(1)).index_add_(0, pair, rows)
             size = torch.bincount(pair, minlength=npairs)
@@ -203,7 +203,7 @@ class CrossClient(MaskedParty, HorizontalClient):
                 nonzero = torch.bincount(pair, weights=(rows != 0).any(1).double(), minlength=npairs)
                 size[nonzero < self.min_aggregate] = 0
             if self.privacy.dp is not None:
-                total = gaussian(total, self.privacy.dp)
+                total = self.private.noised(total)
             if plan.masking is not None:  # fixed point, masked for the recipient: the server learns nothing
                 encoded = encode(total, torch.ones(npairs, dtype=torch.long), len(plan.masking.peers))
                 total = plan.masking.mask(encoded, mask_to[trainer], layer)

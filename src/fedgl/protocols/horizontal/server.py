@@ -37,8 +37,9 @@ Requests travel under per-round random handles (``routing.Handles``): no owner l
 trains. Privacy options (docs/privacy.md, Swift-FedGNN): with ``secure_aggregation`` the parties of a
 request agree on fresh keys after sampling and every partial sum travels in fixed point, masked so that
 only its recipient (the target's owner) can remove the masks from the total the server forwards; with
-``dp`` every row an owner sums is clipped and every partial sum noised, and the server counts the
-noised releases each node's row went into (``ReleaseAccountant``).
+``dp`` every row an owner sums is clipped and every partial sum noised (``PrivateRelease``), and the server
+charges each sum to the nodes it may carry (``DPAccountant``: a raw row to its node, a sum of n computed
+rows n times over to every node of its owner).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ from ...models.graph import canonical_model_name
 from ...models.split_horizontal import SPLITTABLE, first_linear
 from ...optim import make_optimizer
 from ...partition import horizontal_from_config
-from ...privacy.dp import Accountant, ReleaseAccountant
+from ...privacy.dp import NODE_EXCHANGE, SUBSTITUTION, DPAccountant
 from ...privacy.secure_aggregation import decode, exchange_keys, ring_sum
 from ..base import Protocol, ProtocolOptions
 from .client import CrossClient
@@ -147,9 +148,8 @@ class CrossClientProtocol(Protocol):
             raise ConfigError(f"{self.name}: privacy.secure_aggregation needs at least 2 clients, got "
                               f"{len(self.clients)} (partition.num_clients)")
         dp = privacy.dp
-        self.accountant = ReleaseAccountant(dp, part.owner.numel()) if dp is not None else None
-        # One Gaussian gradient upload per client and iteration, composed with the row releases.
-        self.uploads = Accountant(dp) if dp is not None else None
+        # Gradient uploads (every client, every iteration) and the exchanged sums, composed per node.
+        self.accountant = DPAccountant(dp, part.owner, NODE_EXCHANGE, ("model", "embedding")) if dp else None
 
     def start(self) -> None:
         if self.cfg.privacy.secure_aggregation:  # pairwise keys for the masked gradient uploads
@@ -178,8 +178,8 @@ class CrossClientProtocol(Protocol):
         run Algorithm 2 together; the server averages all gradients and takes one optimiser step."""
         state = self.model.state_dict()
         masking = {"round_index": round_index} if self.cfg.privacy.secure_aggregation else {}
-        if self.uploads is not None:  # counted before any client releases its gradient
-            self.uploads.step(1.0)
+        if self.accountant is not None:  # counted before any client releases its gradient
+            self.accountant.charge("model", clients=torch.arange(len(self.clients)))
         replies = self.transport.call_many(self.clients, "begin", per_target=[{"mode": m} for m in modes],
                                            state=state, **masking)
         results = [r for r in replies if "gradient" in r or "masked" in r]
@@ -194,10 +194,7 @@ class CrossClientProtocol(Protocol):
     def epsilons(self) -> dict[str, float]:
         """DP: epsilon so far for one node's data, over its client's gradient uploads and its own row's
         releases in the exchanged sums (and each part alone)."""
-        if self.accountant is None:
-            return {}
-        return {"epsilon": self.accountant.epsilon(self.uploads.rates), "epsilon_model": self.uploads.epsilon(),
-                "epsilon_embedding": self.accountant.epsilon()}
+        return {} if self.accountant is None else self.accountant.epsilons()
 
     def cross_chain(self, trainers: dict[str, dict[str, Tensor]], keep: bool, masking: dict[str, int] | None = None
                     ) -> tuple[list[dict[str, Any]], dict[str, Tensor] | None]:
@@ -284,7 +281,7 @@ class CrossClientProtocol(Protocol):
         if layer == 1:
             self.count_withheld(requests[1], sizes)
         if self.accountant is not None:
-            self.record_releases(routes, sizes)
+            self.record_releases(layer, routes, sizes)
         if peer_of is not None:
             unmask = self.senders(routes, channels, peer_of, sizes)
         return *assembly.result(), sizes, unmask
@@ -378,10 +375,20 @@ class CrossClientProtocol(Protocol):
         owners = [self.clients[c] for c in route.pair_counts.nonzero().flatten().tolist()]
         return torch.cat([sizes[c][trainer] for c in owners]) > 0
 
-    def record_releases(self, routes: dict[str, LayerRoute], sizes: dict[str, dict]) -> None:
-        """DP: one release for every node whose row is in a noised sum that was sent."""
-        for trainer, route in routes.items():
-            self.accountant.record(route.pick_ids[self.released(route, trainer, sizes)[route.pick_pair]])
+    def record_releases(self, layer: int, routes: dict[str, LayerRoute], sizes: dict[str, dict]) -> None:
+        """DP: a first-layer sum that was sent is a release of each raw row in it (sensitivity 2 C); a
+        hidden-layer sum of n rows may carry any node of its owner in every row (2 n C), so it is charged
+        to all of them."""
+        if layer == 1:
+            for trainer, route in routes.items():
+                sent = self.released(route, trainer, sizes)[route.pick_pair]
+                self.accountant.charge("embedding", nodes=route.pick_ids[sent])
+            return
+        for owner, by_trainer in sizes.items():
+            counts = torch.cat([torch.zeros(0, dtype=torch.long), *by_trainer.values()])
+            counts = counts[counts > 0].double()
+            self.accountant.charge("embedding", clients=torch.full(counts.shape, self.router.index[owner]),
+                                   multiple=SUBSTITUTION * counts)
 
     def count_withheld(self, requests: dict[str, dict], sizes: dict[str, dict]) -> None:
         """First-layer pairs (and the picks in them) that their owner withheld (count 0)."""
@@ -430,7 +437,7 @@ class CrossClientProtocol(Protocol):
             if kinds is None or row["kind"] in kinds:
                 per_round[row["round"]] = per_round.get(row["round"], 0) + row["bytes"]
         first = self.first_layer
-        dp = {} if self.accountant is None else self.epsilons() | {"delta": self.accountant.delta}
+        dp = {} if self.accountant is None else self.accountant.summary()
         return {
             "bytes_cross_client": sum(per_round.values()),
             "cross_client_iterations": sum(1 for b in per_round.values() if b),
@@ -439,8 +446,7 @@ class CrossClientProtocol(Protocol):
         } | dp
 
     def state_dict(self) -> dict[str, Any]:
-        dp = {"dp_releases": self.accountant.releases.clone(),
-              "dp_rates": list(self.uploads.rates)} if self.accountant is not None else {}
+        dp = {"dp": self.accountant.state()} if self.accountant is not None else {}
         return super().state_dict() | {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                                        "first_layer": dict(self.first_layer)} | dp
 
@@ -450,5 +456,4 @@ class CrossClientProtocol(Protocol):
         self.optimizer.load_state_dict(state["optimizer"])
         self.first_layer = dict(state["first_layer"])
         if self.accountant is not None:
-            self.accountant.releases = state["dp_releases"].clone()
-            self.uploads.rates = list(state["dp_rates"])
+            self.accountant.load_state(state["dp"])

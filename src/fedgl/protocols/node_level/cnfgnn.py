@@ -17,7 +17,6 @@ from torch import Tensor
 
 from ...comm import Rows, rpc
 from ...models.split_node import BatchedOptimizer, pick
-from ...privacy.dp import clip, gaussian
 from .nfedgnn import NFedGNN, SplitOptions, UserPopulation
 
 MB = 2**20
@@ -64,7 +63,7 @@ class ModelSharingUsers(UserPopulation):
         if self.dp is None:
             return out
         update = (out - self.reference).flatten(1)
-        return self.reference + gaussian(clip(update, self.dp.max_norm), self.dp, self.noise).view_as(out)
+        return self.reference + self.private(update).view_as(out)
 
     @rpc(model=Rows("model"), users="index")
     def receive(self, model: Tensor, users: Tensor | None = None) -> None:
@@ -105,8 +104,7 @@ class CNFGNN(NFedGNN):
 
     def train_round(self, round_index: int) -> dict[str, float]:
         if self.accountant is not None:  # every user releases a noised latent and a noised weight update
-            self.accountant.step(1.0)
-            self.accountant.step(1.0)
+            self.accountant.charge(nodes=torch.arange(self.num_users).repeat(2))
         latents = self.transport.call(self.users, "embed")
         stats, grad = self.server_step(latents, None)
         self.transport.call(self.users, "update", grad=grad)
