@@ -172,7 +172,7 @@ def cluster():
 
 def private_fingerprints(shards: Path) -> set[str]:
     """Every party's features (whole and row by row) and labels, from its own shard file."""
-    from tests.support.deploy_driver import fingerprints
+    from support.deploy_driver import fingerprints
 
     out: set[str] = set()
     for party in json.loads((shards / MANIFEST).read_text())["parties"]:
