@@ -37,8 +37,6 @@ PROTOCOLS = {  # every protocol with parties
     "fedgnn-pns": {"protocol": {"name": "fedgnn-pns"}},
     "llcg": {"protocol": {"name": "llcg", "local_steps": 1}, "model": {"name": "sage"}},
     "fedaas": {"protocol": {"name": "fedaas", "interval_loss": "train", "batches": 4}},
-    # keys are agreed once every party holds its shard (Protocol.start), never while partitioning
-    "fedavg-secure": {"protocol": {"name": "fedavg", "group_size": 1}, "privacy": {"secure_aggregation": True}},
 }
 TIMES = ("wall_time_s",)
 
@@ -60,19 +58,6 @@ def forbid_dataset(monkeypatch) -> None:
     import fedgl.runner
 
     monkeypatch.setattr(fedgl.runner, "load_data", lambda *a, **k: pytest.fail("the driver loaded the dataset"))
-
-
-@pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_a_deployed_run_equals_the_in_process_run(protocol, tmp_path, monkeypatch):
-    plain_cfg = build_config(settings(protocol))
-    run(plain_cfg, tmp_path / "plain")
-    manifest = write_shards(plain_cfg, tmp_path / "shards")
-    names = [p["name"] for p in manifest["parties"]]
-    assert sorted(f.name for f in (tmp_path / "shards").iterdir()) == sorted(
-        [MANIFEST, "server.pt", "evaluator.pt"] + [f"{n}.pt" for n in names])
-    forbid_dataset(monkeypatch)
-    run(build_config(settings(protocol, shards=str(tmp_path / "shards"))), tmp_path / "deployed")
-    same_run(tmp_path / "plain", tmp_path / "deployed")
 
 
 @pytest.mark.parametrize("protocol", ["nfedgnn", "swift"])
@@ -209,7 +194,7 @@ def cluster():
 
 def private_fingerprints(shards: Path) -> set[str]:
     """Every party's features (whole and row by row) and labels, from its own shard file."""
-    from tests.support.deploy_driver import fingerprints
+    from support.deploy_driver import fingerprints
 
     out: set[str] = set()
     for party in json.loads((shards / MANIFEST).read_text())["parties"]:
@@ -279,6 +264,7 @@ def cluster_runs(cluster, tmp_path_factory) -> dict[str, tuple[dict, set[str], P
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", CLUSTER_RUNS)
 def test_on_a_two_node_cluster_no_party_data_leaves_its_node(protocol, cluster_runs):
     seen, private, folder = cluster_runs[protocol]
@@ -291,6 +277,7 @@ def test_on_a_two_node_cluster_no_party_data_leaves_its_node(protocol, cluster_r
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_the_monitor_catches_a_driver_that_ships_the_data(cluster_runs):
     """The same watch over a run that loads the dataset in the driver: it sees the parties' rows."""
     seen, private, _ = cluster_runs["fedavg-undeployed"]

@@ -102,6 +102,7 @@ def test_private_runs_on_the_accelerator_equal_the_cpu(tmp_path, monkeypatch, re
     assert accelerated == cpu
 
 
+@pytest.mark.slow
 def test_parties_hold_and_roll_back_on_the_accelerator(tmp_path, monkeypatch):
     """FedAAS's tau_0 grid tries every interval from one held state and rolls back each time."""
     grid = {"protocol": {"name": "fedaas", "tau0": "grid", "batches": 2}, "partition": {"client_nodes": "train"}}

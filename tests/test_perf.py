@@ -45,6 +45,7 @@ def test_a_run_imports_no_plotting_until_it_draws():
     assert loaded == []
 
 
+@pytest.mark.slow
 def test_a_fedavg_run_never_loads_torch_dynamo_yet_torch_geometric_can(tmp_path):
     """torch_geometric is imported with ``torch._dynamo`` deferred (``fedgl.lean_imports``): a FedAvg
     run never loads it, and torch_geometric's own use of it still works once asked for."""
@@ -126,6 +127,7 @@ def test_reading_a_dataset_imports_only_its_own_torch_geometric_module(data_root
     assert lines[:4] == ["2708", "False False", "True True", "34"]
 
 
+@pytest.mark.slow
 def test_a_device_pass_runs_both_sides_on_the_device(perf, monkeypatch):
     """``--device cuda``: the fedgl runs and the plain PyG references compute on the device (here the
     stand-in accelerator, which refuses any operand left on the CPU): the overhead group's full-batch

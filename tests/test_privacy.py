@@ -19,6 +19,7 @@ from fedgl.protocols.glasu.client import GlasuClient
 from fedgl.protocols.glasu.server import Glasu
 from fedgl.runner import Run
 from support.keys import fixed_pair
+from support.masks import top_bits
 
 
 @pytest.fixture
@@ -48,11 +49,6 @@ def config(privacy: dict | None = None, rounds: int = 3, **protocol):
 def run(cfg, tmp_path, name: str):
     job = Run(cfg, tmp_path / name)
     return job, job.execute(progress=False)
-
-
-def top_bits(values: torch.Tensor, bits: int = 4) -> np.ndarray:
-    """The ``bits`` most significant bits of int64 values, as unsigned bins."""
-    return ((values >> (64 - bits)) & (2**bits - 1)).numpy()
 
 
 # ---- secure aggregation ------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from fedgl.privacy import secure_aggregation as sa
 from fedgl.privacy.dp import gaussian_epsilon
 from fedgl.protocols.horizontal.routing import OWN
 from fedgl.runner import Run
+from support.masks import top_bits
 
 M = 4
 
@@ -53,10 +54,6 @@ def keys_and_strings(obj):
             yield from keys_and_strings(v)
     elif isinstance(obj, str):
         yield obj
-
-
-def top_bits(values: torch.Tensor, bits: int = 4) -> np.ndarray:
-    return ((values.flatten() >> (64 - bits)) & (2**bits - 1)).numpy()
 
 
 # ---- opaque routing -----------------------------------------------------------------------------------
