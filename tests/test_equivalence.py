@@ -26,22 +26,10 @@ def known(name: str, cases: dict[str, str]):
     return pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=cases[name])) if name in cases else name
 
 
-NOT_RESUMED = {
-    "fedavg": "runner.Run.save_checkpoint/resume do not keep transport.compute_s: a resumed run's summary "
-              "lists only the parties called after the resume in compute_s_by_party (here client0 is not "
-              "sampled in rounds 2-3)",
-    "fedavg-group": "as fedavg: transport.compute_s is not checkpointed, and a member not sampled after the "
-                    "resume is missing from compute_s_by_party",
-    "llcg": "LLCGClient makes its persistent optimiser lazily (protocols/horizontal/llcg.py, LLCGClient.local) "
-            "and comm/party_state.restore drops a saved optimiser state whose fresh attribute is None: the "
-            "clients' Adam moments restart after a resume, so the server loss and the scores differ",
-}
 NOT_RERUN = {
     "glasu": "the results folder's config.yaml sets partition.method: metis explicitly, which GLASU refuses "
              "(protocols/glasu/options.vertical_blocks maps only an unset method to contiguous blocks)",
     "glasu-exact": "as glasu: config.yaml's explicit partition.method: metis is refused by GLASU",
-    "cnfgnn": "CNFGNNOptions.message_mb (protocols/node_level/cnfgnn.py) defaults to the int 1024 and reads "
-              "back from config.yaml as 1024.0, so runner.config_hash (JSON of the flat config) differs",
 }
 
 
@@ -73,7 +61,7 @@ def test_ray_equals_local(name, in_process, tmp_path, ray_session):
     compare_runs(local, remote, differ=("backend",))
 
 
-@pytest.mark.parametrize("name", [known(n, NOT_RESUMED) for n in ["centralized", *EVERY]])
+@pytest.mark.parametrize("name", ["centralized", *EVERY])
 def test_resumed_equals_uninterrupted(name, in_process, tmp_path):
     straight, settings = in_process(name)
     compare_runs(straight, run_resumed(settings, tmp_path, stop_after=1))

@@ -170,6 +170,7 @@ class Run:
             "parties": parties.name,
             "ledger": self.transport.ledger.state_dict(),
             "clock": self.transport.clock.now,
+            "compute_s": dict(self.transport.compute_s),  # each party's CPU seconds so far, for the summary
             "rng": torch.get_rng_state(),
             # a server computing on a GPU (the centralized reference, nFedGNN's layers) draws there
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None,
@@ -208,6 +209,7 @@ class Run:
         self.protocol.load_state_dict(state["protocol"])
         self.transport.ledger.load_state_dict(state["ledger"])
         self.transport.clock.now = state["clock"]
+        self.transport.compute_s = dict(state.get("compute_s", {}))  # older checkpoints did not keep it
         torch.set_rng_state(state["rng"])
         if state.get("cuda_rng") is not None:
             torch.cuda.set_rng_state_all(state["cuda_rng"])

@@ -26,7 +26,7 @@ class CNFGNNOptions(SplitOptions):
     lam: float = Field(0.0, ge=0, le=0, description="CNFGNN has no regulariser; accepted (as 0 only) so an nFedGNN "
                                                     "config runs as CNFGNN with protocol.lam=0")
     message_mb: float = Field(
-        1024, gt=0, description="largest single message of per-user models, in MiB; the model upload and "
+        1024.0, gt=0, description="largest single message of per-user models, in MiB; the model upload and "
                                 "broadcast of a large population are sent in several calls of at most this size")
 
 
