@@ -56,9 +56,6 @@ class Party:
         """Everything the party holds, as live objects, for an in-memory snapshot (not a message)."""
         return dict(self.__dict__)
 
-    def set_state(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-
     def save(self, path: str | Path) -> None:
         """Write the party's own checkpoint where it lives; its state never travels. Tensors are saved
         from the CPU, so the file reads on any machine (a run still resumes on its own device only)."""

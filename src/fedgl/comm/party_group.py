@@ -14,6 +14,7 @@ from typing import Any
 
 from .. import device as devices
 from .party import Party
+from .party_state import plain, restore
 from .shard_file import load_party
 
 
@@ -39,13 +40,15 @@ class PartyGroup:
         return {name: party.get_state() for name, party in self.parties.items()}
 
     def hold(self) -> None:
-        """Keep a copy of every party's state here, in the parties' own process."""
-        self._held = pickle.dumps(self.snapshot())
+        """Keep a copy of every party's state here, in the parties' own process: its checkpoint's
+        content, so secrets (keys, the used secure-sum labels, the DP stream's position) are not in it."""
+        self._held = pickle.dumps({name: plain(party) for name, party in self.parties.items()})
 
     def roll_back(self) -> None:
-        """Return every party to the state ``hold`` kept."""
+        """Return every party to the state ``hold`` kept; secrets stay as they are now, so no mask, key
+        or noise draw is used again."""
         for name, state in pickle.loads(self._held).items():
-            self.parties[name].set_state(state)
+            restore(self.parties[name], state)
 
     def save(self, folder: str | Path) -> None:
         """Each party's own checkpoint, written here: party states never leave the process."""

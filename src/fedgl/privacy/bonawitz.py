@@ -144,8 +144,8 @@ class SecAggClient:
 
     def _share_keys(self, u1: list[int], raw: bytes, threshold: int) -> Tensor:
         session = self.session
-        if threshold < 2:
-            raise self.refuse(f"a threshold of {threshold}")
+        if threshold < 2 or 2 * threshold <= len(u1):  # two disjoint halves could each unmask a different list
+            raise self.refuse(f"a threshold of {threshold} for {len(u1)} clients (it must exceed half of them)")
         check_participants(u1, len(self.peers), self.index, max(threshold, MIN_PARTICIPANTS), f"client {self.index}")
         for k, j in enumerate(u1):
             row = raw[k * SIGNED_KEYS : (k + 1) * SIGNED_KEYS]

@@ -27,8 +27,11 @@ BLOCK = 64  # bytes of ChaCha20 keystream per block counter step
 
 class NoiseStream:
     """A party's own noise: ChaCha20 keystream from ``key``, read block by block (``block`` is the next
-    unused block, so a checkpointed stream continues where it stopped and never repeats); or, replayable,
-    a seeded torch ``generator`` (checkpointed by its state)."""
+    unused block); or, replayable, a seeded torch ``generator`` (checkpointed by its state). The key and
+    its position are secret state: never written to a checkpoint, nor rolled back by ``hold``/``roll_back``,
+    so a resumed party draws from a fresh key and a rolled-back one goes on where it was: no draw repeats."""
+
+    secret_state = frozenset({"key", "block"})
 
     def __init__(self, key: bytes | None, generator: torch.Generator | None = None):
         if (key is None) == (generator is None) or (key is not None and len(key) != 32):

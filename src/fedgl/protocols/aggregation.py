@@ -21,11 +21,23 @@ import torch
 from torch import Tensor
 
 from ..comm import Transport, rpc
-from ..errors import PartyFailure, RunFailed
+from ..errors import ConfigError, PartyFailure, RunFailed
 from ..privacy.bonawitz import SecAggClient, as_bytes, unmask
-from ..privacy.secure_aggregation import decode, ring_sum
+from ..privacy import PrivacyConfig
+from ..privacy.secure_aggregation import MIN_PARTICIPANTS, decode, ring_sum
 
 STEPS = ("advertise", "share", "input", "consent", "reveal")
+
+
+def check_secure_round(privacy: PrivacyConfig, count: int, who: str) -> None:
+    """Refuse at setup a secure sum over ``count`` clients that could not run or would not protect:
+    fewer than 3 clients, a threshold above the count, or one at most half of it (two disjoint halves
+    could then each unmask for a different survivor list; the clients refuse it too)."""
+    threshold = privacy.secure_threshold(count)
+    if count < MIN_PARTICIPANTS or not count / 2 < threshold <= count:
+        raise ConfigError(f"{who}: privacy.secure_aggregation needs at least {MIN_PARTICIPANTS} clients per sum and "
+                          f"a threshold above half of them and at most all, got threshold {threshold} for {count} "
+                          f"clients (partition.num_clients x protocol.client_fraction)")
 
 
 class SecureSumParty:

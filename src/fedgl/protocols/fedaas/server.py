@@ -19,8 +19,7 @@ from ...models import as_model_input
 from ...models.split_attention import SplitAttentionNet, merge_into
 from ...partition import horizontal_from_config
 from ...privacy.dp import NODE_EXCHANGE, SUBSTITUTION, DPAccountant
-from ...privacy.secure_aggregation import MIN_PARTICIPANTS
-from ..aggregation import secure_sum, trust_identities
+from ..aggregation import check_secure_round, secure_sum, trust_identities
 from ..base import Protocol
 from ..fedavg.server import weighted_average
 from ..fedavg.group import state_from_row
@@ -67,10 +66,8 @@ class FedAAS(Protocol):
             raise ConfigError(f"{self.name}: privacy.secure_aggregation hides each client's model from the server, "
                               f"which personalize 'similarity' needs; use personalize 'none'")
         count = self.sample_size(len(part.shards))
-        if self.secure and (count < MIN_PARTICIPANTS or self.cfg.privacy.secure_threshold(count) > count):
-            raise ConfigError(f"{self.name}: privacy.secure_aggregation needs at least {MIN_PARTICIPANTS} clients "
-                              f"per round and no fewer than its threshold {self.cfg.privacy.secure_threshold(count)}, "
-                              f"got {count} (partition.num_clients x protocol.client_fraction)")
+        if self.secure:
+            check_secure_round(self.cfg.privacy, count, self.name)
         dp = self.cfg.privacy.dp
         if dp is not None and (o.phi is not None or (o.query_gradient == "exact" and o.aggregate == "attention")):
             raise ConfigError(f"{self.name}: privacy.dp does not noise what phi (the trainers' logits) or "
@@ -136,7 +133,8 @@ class FedAAS(Protocol):
             loss = self.server_loss()
             grid[tau] = {"loss": loss, "seconds": seconds, "rate": (loss - self.losses[0]) / seconds}
             transport.roll_back()
-            self.load_state_dict(copy.deepcopy(server) | self.dp_state())  # the trials' releases stay spent
+            # the trials' releases stay spent, and their secure sums' labels stay used (clients refuse a reuse)
+            self.load_state_dict(copy.deepcopy(server) | self.dp_state() | {"sums": self.sums})
             torch.set_rng_state(rng)
             transport.idle()
         transport.set_round(current)

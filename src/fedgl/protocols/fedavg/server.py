@@ -16,8 +16,7 @@ from ...evaluation import Evaluator
 from ...partition import horizontal_from_config
 from ...models import make_model
 from ...privacy.dp import CLIENT_UPDATES, DPAccountant
-from ...privacy.secure_aggregation import MIN_PARTICIPANTS
-from ..aggregation import secure_sum, trust_identities
+from ..aggregation import check_secure_round, secure_sum, trust_identities
 from ..base import Protocol, ProtocolOptions
 from .client import FedAvgClient, FedAvgGroup
 from .group import flat_state, groupable, state_from_row
@@ -70,7 +69,7 @@ class FedAvg(Protocol):
         dp = self.privacy.dp  # every round a client takes part in is a full release of its update
         self.accountant = DPAccountant(dp, torch.arange(self.num_clients), CLIENT_UPDATES) if dp is not None else None
         if self.privacy.secure_aggregation:
-            self.check_secure_round()
+            check_secure_round(self.privacy, self.sample_size(), "fedavg")
         self.size = size = self.group_size()  # clients per party: client m is member m % size of party m // size
         if size == 1:
             self.clients = self.transport.spawn(FedAvgClient, clients)
@@ -84,14 +83,6 @@ class FedAvg(Protocol):
     def start(self) -> None:
         if self.privacy.secure_aggregation:
             trust_identities(self.transport, self.clients)
-
-    def check_secure_round(self) -> None:
-        """A secure sum needs 3 clients per round and no more than that for its threshold."""
-        count, threshold = self.sample_size(), self.privacy.secure_threshold(self.sample_size())
-        if count < MIN_PARTICIPANTS or threshold > count:
-            raise ConfigError(f"fedavg: privacy.secure_aggregation needs at least {MIN_PARTICIPANTS} clients per "
-                              f"round and no fewer than its threshold {threshold}, got {count} "
-                              f"(partition.num_clients x protocol.client_fraction)")
 
     def group_size(self) -> int:
         """Clients per party (see ``FedAvgOptions.group_size``)."""

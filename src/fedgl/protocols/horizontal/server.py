@@ -64,8 +64,7 @@ from ...models.split_horizontal import SPLITTABLE, first_linear
 from ...optim import make_optimizer
 from ...partition import horizontal_from_config
 from ...privacy.dp import NODE_EXCHANGE, SUBSTITUTION, DPAccountant
-from ...privacy.secure_aggregation import MIN_PARTICIPANTS
-from ..aggregation import secure_sum, trust_identities
+from ..aggregation import check_secure_round, secure_sum, trust_identities
 from ..base import Protocol, ProtocolOptions
 from .client import CrossClient
 from .routing import Assembly, Handles, LayerRoute, Router
@@ -147,12 +146,8 @@ class CrossClientProtocol(Protocol):
             raise ConfigError(f"privacy.{privacy.requested()[0]} covers the partial sums sent forward; the gradients "
                               f"remote_backprop sends back are neither masked nor noised: set "
                               f"protocol.remote_backprop: false")
-        if privacy.secure_aggregation and len(self.clients) < MIN_PARTICIPANTS:
-            raise ConfigError(f"{self.name}: privacy.secure_aggregation needs at least {MIN_PARTICIPANTS} clients, "
-                              f"got {len(self.clients)} (partition.num_clients)")
-        if privacy.secure_aggregation and privacy.secure_threshold(len(self.clients)) > len(self.clients):
-            raise ConfigError(f"{self.name}: privacy.secure_aggregation threshold "
-                              f"{privacy.secure_threshold(len(self.clients))} exceeds the {len(self.clients)} clients")
+        if privacy.secure_aggregation:  # the gradient averages' secure sums run over every client
+            check_secure_round(privacy, len(self.clients), self.name)
         dp = privacy.dp
         # Gradient uploads (every client, every iteration) and the exchanged sums, composed per node.
         self.accountant = DPAccountant(dp, part.owner, NODE_EXCHANGE, ("model", "embedding")) if dp else None
