@@ -6,9 +6,7 @@ FedAAS's masked model uploads are checked the same way."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import secrets
 
 import pytest
 import torch
@@ -18,10 +16,10 @@ from fedgl.cli import main
 from fedgl.comm import rpc
 from fedgl.config import build_config
 from fedgl.errors import RunFailed
-from fedgl.privacy import secure_aggregation
+from fedgl.privacy import bonawitz, secure_aggregation
 from fedgl.protocols.fedavg.client import FedAvgClient
+from fedgl.protocols.aggregation import secure_sum
 from fedgl.protocols.fedavg.server import FedAvg
-from fedgl.protocols.node_level import nfedgnn
 from fedgl.runner import Run
 
 FEATURES = 16
@@ -50,6 +48,15 @@ def flagged(report: dict) -> set[str]:
 
 
 # ---- (a) secure aggregation's masks replaced by zeros -------------------------------------------------
+def zero_masks(monkeypatch) -> None:
+    """Every mask stream (pairwise, self and one-way masks) replaced by zeros."""
+    def zeros(secret: bytes, size: int, purpose: bytes, *label: int) -> torch.Tensor:
+        return torch.zeros(size, dtype=torch.int64)
+
+    for module in (secure_aggregation, bonawitz):
+        monkeypatch.setattr(module, "stream", zeros)
+
+
 SWIFT = config({"name": "swift", "I": 1, "K": 2, "fanouts": [3, 3]}, {"secure_aggregation": True}, rounds=4,
                model={"dropout": 0.0}, partition={"method": "random"})
 
@@ -59,7 +66,7 @@ def test_zero_masks_are_flagged_and_real_masks_are_not(tmp_path, capsys, monkeyp
     assert code == 0 and not clean["flagged"], clean["flagged"]
     assert clean["attacks"]["masking"]["attacked"] > 0 and clean["attacks"]["reconstruction"]["recovered"] == 0
 
-    monkeypatch.setattr(secure_aggregation, "prg", lambda seed, size: torch.zeros(size, dtype=torch.int64))
+    zero_masks(monkeypatch)
     code, broken = audit(SWIFT, tmp_path / "zeros", capsys)
     assert code == 1 and {"masking", "reconstruction"} <= flagged(broken)
     rec = broken["attacks"]["reconstruction"]
@@ -74,13 +81,12 @@ def test_a_client_masking_with_itself_only_is_flagged(tmp_path, capsys, monkeypa
     code, clean = audit(FEDAVG_MASKED, tmp_path / "masked", capsys)
     assert code == 0 and not clean["flagged"] and clean["attacks"]["masking"]["attacked"] > 0
 
-    train_clients = FedAvg.train_clients
+    def twice(self, chosen, round_index):  # a server asking one client to sum with itself twice
+        one = chosen[:1].repeat(2).tolist()
+        self.sums += 1
+        return secure_sum(self.transport, [self.clients[i] for i in one], one, self.sums, 1)[0]
 
-    def twice(self, chosen, state, masking):  # a server asking one client to mask with itself twice
-        one = chosen[:1]
-        return train_clients(self, one, state, masking | {"participants": one.repeat(2)})
-
-    monkeypatch.setattr(FedAvg, "train_clients", twice)
+    monkeypatch.setattr(FedAvg, "secure_total", twice)
     try:
         code, broken = audit(FEDAVG_MASKED, tmp_path / "twice", capsys)
     except RunFailed:  # the client refused the list: nothing left it unmasked
@@ -99,11 +105,10 @@ def test_labels_sent_as_an_embedding_are_flagged(tmp_path, capsys, monkeypatch):
 
     train = FedAvgClient.train
 
-    @rpc(state="model", participants="index",
-         returns={"state": "model", "num_train": "control", "loss": "control", "h": "embedding"})
-    def train_and_leak(self, state, participants=None, round_index=0):
+    @rpc(state="model", returns={"state": "model", "num_train": "control", "loss": "control", "h": "embedding"})
+    def train_and_leak(self, state, summands=0):
         y = self.trainer.y  # the client's labels, as one-hot rows of an "embedding"
-        return train(self, state, participants, round_index) | {"h": F.one_hot(y, int(y.max()) + 1).float()}
+        return train(self, state, summands) | {"h": F.one_hot(y, int(y.max()) + 1).float()}
 
     monkeypatch.setattr(FedAvgClient, "train", train_and_leak)
     code, broken = audit(FEDAVG, tmp_path / "leak", capsys)
@@ -112,23 +117,12 @@ def test_labels_sent_as_an_embedding_are_flagged(tmp_path, capsys, monkeypatch):
 
 
 # ---- (d) DP noise drawn from the config seed ----------------------------------------------------------
-NFEDGNN_DP = config({"name": "nfedgnn"}, {"dp": {"noise_multiplier": 1.0, "max_norm": 1.0}}, model={"name": "gcn"})
-
-
-def seeded_noise(seed, *args, **kwargs) -> torch.Generator:
-    """The stream fedgl's DP drew from before its noise came from the OS: a function of the seed."""
-    digest = hashlib.sha256(f"fedgl dp noise {seed}".encode()).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "big") >> 1)
-
-
-def os_noise(seed, *args, **kwargs) -> torch.Generator:
-    return torch.Generator().manual_seed(secrets.randbits(63))
-
-
 @pytest.mark.parametrize("stream", ["os", "seed"])
-def test_noise_replayed_from_the_config_seed_is_flagged(tmp_path, capsys, monkeypatch, stream):
-    monkeypatch.setattr(nfedgnn, "noise_generator", seeded_noise if stream == "seed" else os_noise)
-    code, report = audit(NFEDGNN_DP, tmp_path, capsys)
+def test_noise_replayed_from_the_config_seed_is_flagged(tmp_path, capsys, stream):
+    """``replayable_noise`` draws the noise from the config seed, as fedgl's DP did before its noise came
+    from the operating system: the audit must flag it."""
+    dp = {"noise_multiplier": 1.0, "max_norm": 1.0, "replayable_noise": stream == "seed"}
+    code, report = audit(config({"name": "nfedgnn"}, {"dp": dp}, model={"name": "gcn"}), tmp_path, capsys)
     replay = report["attacks"]["noise_replay"]
     assert replay["attacked"] >= 2  # the users' latents of both rounds
     if stream == "os":
@@ -146,6 +140,6 @@ def test_fedaas_model_uploads_read_as_masked_and_zero_masks_as_values(tmp_path, 
     masking = clean["attacks"]["masking"]
     assert code == 0 and masking["attacked"] > 0 and masking["recovered"] == 0
 
-    monkeypatch.setattr(secure_aggregation, "prg", lambda seed, size: torch.zeros(size, dtype=torch.int64))
+    zero_masks(monkeypatch)
     code, broken = audit(cfg, tmp_path / "zeros", capsys)
     assert code == 1 and broken["attacks"]["masking"]["recovered"] == masking["attacked"]

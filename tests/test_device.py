@@ -87,7 +87,7 @@ def test_sparse_features_on_the_accelerator_equal_the_cpu(data_root, tmp_path, m
         assert run("acc", device="cuda") == cpu
 
 
-PRIVATE = {"secure_aggregation": True, "dp": {"noise_multiplier": 0.5, "max_norm": 1.0}}
+PRIVATE = {"secure_aggregation": True, "dp": {"noise_multiplier": 0.5, "max_norm": 1.0, "replayable_noise": True}}
 
 
 @pytest.mark.parametrize("protocol", ["fedavg", "glasu", "nfedgnn", "swift", "fedaas"])
@@ -102,6 +102,7 @@ def test_private_runs_on_the_accelerator_equal_the_cpu(tmp_path, monkeypatch, re
     assert accelerated == cpu
 
 
+@pytest.mark.slow
 def test_parties_hold_and_roll_back_on_the_accelerator(tmp_path, monkeypatch):
     """FedAAS's tau_0 grid tries every interval from one held state and rolls back each time."""
     grid = {"protocol": {"name": "fedaas", "tau0": "grid", "batches": 2}, "partition": {"client_nodes": "train"}}

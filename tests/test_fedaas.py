@@ -1,5 +1,6 @@
 """FedAAS and its presets: the split attention layer and a sync step against independent dense
-computations, silence between syncs, the interval rules, the privacy audit, presets, backends."""
+computations, silence between syncs, the interval rules, the privacy audit, presets (backends:
+tests/test_equivalence.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from torch import Tensor
 from torch.nn import functional as F
 from torch_geometric.nn import GATConv, SAGEConv
 
-from fedgl.comm import LocalTransport
 from fedgl.config import build_config, load_config
 from fedgl.errors import ConfigError
 from fedgl.models.split_attention import SplitAttentionNet, merge_into
@@ -23,36 +23,12 @@ from fedgl.protocols.fedaas.schedule import next_interval, sync_steps
 from fedgl.protocols.fedaas.server import EXCHANGE
 from fedgl.results import read_jsonl
 from fedgl.runner import Run, run
-from test_swift import audited_rows
+from support.configs import fedaas as config
+from support.runs import compare_runs, run_resumed
+from support.spy import audited_rows, spy_calls
 
 PRESETS = ["fedaas", "fedcross", "fedaas-pns", "fedlocal", "fedall", "fedaas1", "fedaas2", "graphfed-recon",
            "fedgraph-recon"]
-
-
-def config(protocol: dict, rounds: int = 2, clients: int = 3, nodes: int = 150) -> dict:
-    return {
-        "dataset": {"name": "synthetic", "options": {"num_nodes": nodes, "num_features": 16, "avg_degree": 6}},
-        "partition": {"num_clients": clients, "method": "random"},
-        "protocol": {"name": "fedaas", "widths": [16, 8], "fanouts": [4, 4], "interval_loss": "train", "batches": 4,
-                     **protocol},
-        "train": {"rounds": rounds, "lr": 0.01, "weight_decay": 0.0},
-        "network": {"compute": "ignore"},
-        "threads": 1,
-    }
-
-
-def spy_calls(monkeypatch) -> list[tuple[str, str, dict, object]]:
-    """Record (party, method, arguments, result) of every call the local transport executes."""
-    seen: list[tuple[str, str, dict, object]] = []
-    original = LocalTransport._execute
-
-    def spy(self, calls):
-        out = original(self, calls)
-        seen.extend((name, method, kwargs, result) for (name, method, kwargs), (result, _) in zip(calls, out))
-        return out
-
-    monkeypatch.setattr(LocalTransport, "_execute", spy)
-    return seen
 
 
 def gat(weight, att_src, att_dst, bias, self_loops: bool = True) -> GATConv:
@@ -369,16 +345,6 @@ def test_server_interval_loss_needs_held_out_nodes(tmp_path):
     assert all(m["interval_loss"] > 0 for m in res.metrics)
 
 
-@pytest.mark.ray
-def test_local_and_ray_backends_agree(tmp_path, ray_session):
-    cfg = config({"interval": 2}, rounds=2)
-    local = run(build_config(cfg), tmp_path / "local")
-    remote = run(build_config(cfg | {"backend": {"name": "ray", "actors": 1}}), tmp_path / "ray")
-    assert [r["train_loss"] for r in local.metrics] == [r["train_loss"] for r in remote.metrics]
-    assert [r["val_accuracy"] for r in local.metrics] == [r["val_accuracy"] for r in remote.metrics]
-    assert read_jsonl(tmp_path / "local" / "ledger.jsonl") == read_jsonl(tmp_path / "ray" / "ledger.jsonl")
-
-
 def test_bench_tasks_are_valid_configurations():
     from fedgl.bench.core import variant_config
     from fedgl.bench.fedaas import TASKS
@@ -403,23 +369,10 @@ def test_sweep_task_plots_accuracy_and_bytes_against_the_swept_setting(tmp_path)
     assert all(runs[v]["bytes_embedding"] > 0 for v in runs)
 
 
-@pytest.mark.slow
-def test_example_runs_as_it_is(data_root, tmp_path):
-    cfg = load_config("examples/fedaas-cs.yaml", ["train.rounds=2"])
-    res = run(cfg, tmp_path)
-    assert res.metrics[-1]["train_loss"] < res.metrics[0]["train_loss"]
-
-
 def test_resume_continues_the_trajectory_history_and_interval_included(tmp_path):
-    """τ (code rule), the history store and the keys survive a checkpoint."""
+    """τ (code rule) and the history store survive a checkpoint: the resumed run is the same run."""
     base = config({"interval_rule": "code", "tau0": 3, "batches": 4}, rounds=4)
-    straight = run(build_config(base), tmp_path / "a").metrics
-    run(build_config({**base, "train": {**base["train"], "rounds": 2}, "checkpoint_every": 2}), tmp_path / "b")
-    resumed = run(build_config({**base, "checkpoint_every": 2}), tmp_path / "b", resume=True).metrics
-    assert [r["round"] for r in resumed] == [1, 2, 3, 4]
-    for a, b in zip(straight, resumed):
-        assert a["train_loss"] == pytest.approx(b["train_loss"], abs=1e-6)
-        assert (a["tau"], a["bytes_total"]) == (b["tau"], b["bytes_total"])
+    compare_runs(run(build_config(base), tmp_path / "a"), run_resumed(base, tmp_path / "b", stop_after=2))
 
 
 def test_attention_sampling_follows_eq10(tmp_path):

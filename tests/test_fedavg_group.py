@@ -13,7 +13,7 @@ from fedgl.config import ModelConfig, TrainConfig, build_config
 from fedgl.errors import ConfigError
 from fedgl.models import build_model
 from fedgl.protocols.fedavg.client import FedAvgGroup
-from fedgl.runner import Run, load_data, run
+from fedgl.runner import Run, load_data
 from fedgl.protocols.local_training import LocalTrainer
 
 ROUNDS = 3
@@ -204,29 +204,6 @@ def test_group_size_needs_a_batched_backbone_and_full_batches(data_root, model, 
     cfg = cfg_for(data_root, model, 5, **protocol)
     with pytest.raises(ConfigError, match="group_size 5 needs a gcn or sage backbone"):
         Run(cfg, data=load_data(cfg))
-
-
-def test_group_checkpoint_resume_continues_the_same_trajectory(data_root, tmp_path):
-    base = cfg_for(data_root, "gcn", None).model_dump() | {"checkpoint_every": 2}
-    straight = run(build_config({**base, "train": {"rounds": 4}}), tmp_path / "a").metrics
-    run(build_config({**base, "train": {"rounds": 2}}), tmp_path / "b")
-    resumed = run(build_config({**base, "train": {"rounds": 4}}), tmp_path / "b", resume=True).metrics
-    assert [r["round"] for r in resumed] == [1, 2, 3, 4]
-    for a, b in zip(straight, resumed, strict=True):
-        assert (a["train_loss"], a["val_accuracy"], a["bytes_total"]) == (b["train_loss"], b["val_accuracy"],
-                                                                          b["bytes_total"])
-
-
-@pytest.mark.ray
-def test_group_local_and_ray_agree(data_root, tmp_path, ray_session):
-    base = cfg_for(data_root, "sage", 4, 0.6).model_dump() | {"train": {"rounds": 2}}
-    local = run(build_config(base), tmp_path / "local")
-    remote = run(build_config({**base, "backend": {"name": "ray", "actors": 2}}), tmp_path / "ray")
-    assert local.metrics and remote.summary["backend"] == "ray"
-    for a, b in zip(local.metrics, remote.metrics, strict=True):
-        for key in ("train_loss", "val_accuracy", "test_accuracy", "bytes_total", "sim_time_s"):
-            assert a[key] == b[key], (key, a[key], b[key])
-    assert (tmp_path / "local" / "ledger.jsonl").read_text() == (tmp_path / "ray" / "ledger.jsonl").read_text()
 
 
 @pytest.mark.parametrize("width", [7, 64])  # the transposed narrow form, and the plain product

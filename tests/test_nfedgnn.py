@@ -456,6 +456,7 @@ def test_cnfgnn_rows_without_data_only_shrink_under_decoupled_decay(decay):
         torch.testing.assert_close(users.common, before - train.lr * decay / (decay.abs() + 1e-8))
 
 
+@pytest.mark.slow
 def test_split_gat_learns_on_cora(cora):
     """The paper's split GAT (8 heads of 16, per-head regulariser); its lr of 0.01 makes the loss fall slower."""
     cfg = example_config(30, "model.name=gat", "model.hidden=128", "model.options.heads=8", "model.dropout=0.6",

@@ -34,11 +34,22 @@ def commands() -> list[tuple[str, str]]:
     return found
 
 
+# Runs whose two rounds take many seconds go with the slow tests: FedAAS's 50 clients on CS,
+# GLASU's 4-layer GCNII mini-batches, PubMed, starting Ray, importing the trackers.
+SLOW = ("examples/fedaas-cs.yaml", "examples/glasu-cora.yaml", "pubmed", "ray", "logging=")
+
+
+def slow(command: str) -> bool:
+    return command.startswith("fedgl run ") and any(s in command for s in SLOW)
+
+
 def test_the_docs_have_commands():
     assert len(commands()) >= 10
 
 
-@pytest.mark.parametrize("doc, command", commands(), ids=[f"{d}:{c[:60]}" for d, c in commands()])
+@pytest.mark.parametrize("doc, command", [
+    pytest.param(d, c, id=f"{d}:{c[:60]}", marks=[pytest.mark.slow] if slow(c) else [])
+    for d, c in commands()])
 def test_command_runs_as_written(doc, command, data_root, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "examples").symlink_to(ROOT / "examples")

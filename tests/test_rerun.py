@@ -35,6 +35,7 @@ def test_timings_are_not_compared_and_a_changed_value_is_caught(rerun):
     assert "| t | v | 0 | abc | bytes_total | 10 | 11 | no |" in table.splitlines()
 
 
+@pytest.mark.slow
 def test_the_committed_nfedgnn_cora_run_re_runs(rerun, data_root):
     """The committed Figure 4 run sends exactly the committed bytes and scores within a point of its
     committed accuracy (to the bit on the CPU that made it; other CPUs round some sums differently)."""

@@ -49,3 +49,22 @@ def test_every_moved_path_names_a_class_that_lives_there():
     for old, new in MOVED.items():
         cls = own_class(old)
         assert f"{cls.__module__}:{cls.__qualname__}" == new
+
+
+def test_a_key_added_since_hashes_as_before_at_the_value_older_runs_behaved_as():
+    """A DP config written before ``replayable_noise`` existed (its noise came from the seed) keeps its
+    hash when it says so; today's default (private noise) is a different computation and hashes apart."""
+    from fedgl.config import build_config
+    from fedgl.config.identity import ADDED_KEYS, config_hash, flat_config
+    import hashlib
+    import json
+
+    data = {"dataset": {"name": "synthetic"}, "protocol": {"name": "fedavg"},
+            "privacy": {"dp": {"noise_multiplier": 1.0, "max_norm": 1.0, "replayable_noise": True}}}
+    cfg = build_config(data)
+    older = {k: v for k, v in flat_config(cfg).items() if k not in ADDED_KEYS}
+    from fedgl.config.identity import resumable_change
+    older = {k: v for k, v in older.items() if not resumable_change(k)}
+    assert config_hash(cfg) == hashlib.sha256(json.dumps(older, sort_keys=True).encode()).hexdigest()[:16]
+    data["privacy"]["dp"]["replayable_noise"] = False
+    assert config_hash(build_config(data)) != config_hash(cfg)

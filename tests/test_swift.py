@@ -1,5 +1,6 @@
 """Swift-FedGNN and its baselines: exactness of the split computation, ledger counts against the
-analytic formula, the special cases, the raw-feature audit, backends and real-data accuracy."""
+analytic formula, the special cases, the raw-feature audit and real-data accuracy (backends:
+tests/test_equivalence.py)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from fedgl.protocols.horizontal.server import CrossClientProtocol
 from fedgl.protocols.horizontal.fedgnn_pns import PNSOptions, sampling_iterations
 from fedgl.protocols.horizontal.llcg import LLCGClient
 from fedgl.runner import Run, run
+from support.spy import audited_rows
 
 M = 4
 
@@ -257,43 +259,6 @@ def test_pns_reuse_recomputes_the_cross_client_neighbourhood(tmp_path):
 
 
 # ---- privacy audit ----------------------------------------------------------------------------------
-def audited_rows(cfg: dict, tmp_path, monkeypatch) -> list[tuple[str, str, str]]:
-    """Run ``cfg`` and return (sender, receiver, method) of every message carrying a raw feature row."""
-    seen: list[tuple[str, str, str, object]] = []
-    original = LocalTransport._execute
-
-    def spy(self, calls):
-        out = original(self, calls)
-        for (name, method, kwargs), (result, _) in zip(calls, out):
-            seen.append(("server", name, method, kwargs))
-            seen.append((name, "server", method, result))
-        return out
-
-    monkeypatch.setattr(LocalTransport, "_execute", spy)
-    job = Run(build_config(cfg), tmp_path)
-    raw = job.evaluator.data.x
-    rows = {bytes(r.numpy().tobytes()) for r in raw[(raw != 0).any(1)]}
-    job.execute(progress=False)
-
-    def tensors(obj):
-        if isinstance(obj, torch.Tensor):
-            yield obj
-        elif isinstance(obj, dict):
-            for v in obj.values():
-                yield from tensors(v)
-        elif isinstance(obj, (list, tuple)):
-            for v in obj:
-                yield from tensors(v)
-
-    hits = []
-    for src, dst, method, payload in seen:
-        for t in tensors(payload):
-            if t.is_floating_point() and t.dim() == 2 and t.size(1) == raw.size(1):
-                if any(bytes(r.contiguous().numpy().tobytes()) in rows for r in t.float()):
-                    hits.append((src, dst, method))
-    return hits
-
-
 @pytest.mark.parametrize("protocol", [{"name": "fedgnn-g"}, {"name": "swift", "K": 2, "I": 1},
                                       {"name": "fedgnn-pns", "initial_interval": 2}])
 def test_no_raw_feature_row_leaves_its_owner(tmp_path, monkeypatch, protocol):
@@ -348,7 +313,7 @@ def without_timings(row: dict) -> dict:
     ({"name": "fedgnn-g", "fanouts": [5, 3], "remote_backprop": True}, "gcn", {}),
     ({"name": "swift", "K": 3, "I": 1, "fanouts": [4, 4]}, "gin", {"secure_aggregation": True}),
     ({"name": "fedgnn-pns", "initial_interval": 2, "fanouts": [5, 3]}, "sage",
-     {"dp": {"noise_multiplier": 0.5, "max_norm": 1.0}})])
+     {"dp": {"noise_multiplier": 0.5, "max_norm": 1.0, "replayable_noise": True}})])
 def test_a_budget_that_batches_the_owners_changes_no_result(tmp_path, monkeypatch, protocol, model, privacy):
     """Under the tightest budget the server asks the owners in several batches and drops each
     batch's replies once added in; metrics, ledger and summary equal the unbatched run's bit for
@@ -464,18 +429,7 @@ def test_llcg_learns(tmp_path, request, dataset):
     assert res.summary["bytes_cross_client"] == kinds["embedding"] + kinds["label"] + kinds["index"] + fanouts
 
 
-# ---- backends and real data -------------------------------------------------------------------------
-@pytest.mark.ray
-@pytest.mark.parametrize("backprop", [False, True])
-def test_local_and_ray_backends_agree(tmp_path, ray_session, backprop):
-    cfg = config({"name": "swift", "K": 2, "I": 2, "remote_backprop": backprop}, rounds=3, dropout=0.5)
-    local = run(build_config(cfg), tmp_path / "local")
-    remote = run(build_config(cfg | {"backend": {"name": "ray", "actors": 1}}), tmp_path / "ray")
-    assert [r["val_accuracy"] for r in local.metrics] == [r["val_accuracy"] for r in remote.metrics]
-    assert [r["train_loss"] for r in local.metrics] == [r["train_loss"] for r in remote.metrics]
-    assert local.summary["bytes_by_kind"] == remote.summary["bytes_by_kind"]
-
-
+# ---- real data --------------------------------------------------------------------------------------
 def test_swift_learns_citeseer(data_root, tmp_path):
     cfg = {
         "dataset": {"name": "citeseer", "data_root": str(data_root)},
@@ -501,13 +455,6 @@ def test_examples_differ_only_in_the_protocol():
         {k: v for k, v in full.model_dump().items() if k != "protocol"}
     assert (swift.protocol["I"], swift.protocol["K"], full.protocol["name"]) == (10, 5, "fedgnn-g")
     assert swift.partition.num_clients == 10 and swift.partition.method == "metis" and swift.model.name == "sage"
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("example", ["swift-pubmed.yaml", "fedgnn-g-pubmed.yaml"])
-def test_examples_run_as_they_are(data_root, tmp_path, example):
-    res = run(load_config(EXAMPLES / example, ["train.rounds=2", "eval.every=1"]), tmp_path)
-    assert res.summary["bytes_by_kind"]["embedding"] > 0
 
 
 # ---- bench tasks -------------------------------------------------------------------------------------

@@ -124,7 +124,7 @@ def flagged(results: list[AttackResult], protocol: str) -> list[dict[str, Any]]:
 
 def audit_run(run_dir: Path, data_root: str | None = None) -> dict[str, Any]:
     """Audit the run in ``run_dir``; returns the report written to ``audit.json``."""
-    from .runner import load_data
+    from .data import load_data
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():

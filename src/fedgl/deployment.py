@@ -12,13 +12,15 @@ writes into one folder:
 A run with ``backend.shards`` set loads no dataset in the driver: the protocol builds its modules from
 the manifest's public facts (``Protocol.build``) and loads the server's state; each party host loads its
 own file on the node it is pinned to (``backend.parties.<name>``); scoring runs where
-``evaluator.pt`` is. All files hold tensors and plain data only (``party_state``), read with
-``torch.load(weights_only=True)``.
+``evaluator.pt`` is. All files hold tensors and plain data only (``party_state``); each is read once,
+checked against the manifest's SHA-256 and loaded from the bytes checked, with
+``torch.load(weights_only=True)`` (``comm/shard_file.py``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -32,7 +34,7 @@ from .comm.party_state import TAG, first_line, own_class, plain, restore
 from .comm.shard_file import EVALUATOR_PARTY, read_shard_file
 from .config import RunConfig
 from .errors import ConfigError
-from .evaluation import Evaluator, check_scored
+from .evaluation import check_scored
 from .files import write_atomically
 from .protocols import protocol_class
 
@@ -62,8 +64,12 @@ def class_path(cls: type) -> str:
 
 
 def _save(path: Path, value: Any) -> str:
-    write_atomically(path, lambda fh: torch.save(value, fh))
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    """Write ``value`` to ``path``; returns the SHA-256 of the bytes written."""
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    data = buffer.getvalue()
+    write_atomically(path, lambda fh: fh.write(data))
+    return hashlib.sha256(data).hexdigest()
 
 
 def public_facts(data: Data) -> dict[str, int]:
@@ -79,7 +85,8 @@ def server_state(protocol: Any) -> dict[str, Any]:
 
 def write_shards(cfg: RunConfig, out: Path, data: Data | None = None) -> dict[str, Any]:
     """Partition as a run of ``cfg`` would and write the shard folder ``out``; returns the manifest."""
-    from .runner import config_hash, load_data
+    from .config.identity import config_hash
+    from .data import load_data
 
     if protocol_class(cfg.protocol_name).scenario == "central":
         raise ConfigError(f"protocol {cfg.protocol_name} has no parties: there is nothing to partition")
@@ -132,7 +139,7 @@ def _check_buildable(cfg: RunConfig, facts: dict[str, int], state: dict[str, Any
 
 def read_manifest(folder: Path, cfg: RunConfig) -> dict[str, Any]:
     """The shard folder's manifest, which must come from this config (up to where and how it runs)."""
-    from .runner import config_hash
+    from .config.identity import config_hash
 
     path = folder / MANIFEST
     try:
@@ -141,8 +148,10 @@ def read_manifest(folder: Path, cfg: RunConfig) -> dict[str, Any]:
         raise ConfigError(f"backend.shards: {folder} has no {MANIFEST}; write it with `fedgl partition`") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ConfigError(f"backend.shards: {path} is not a readable manifest ({type(err).__name__})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise ConfigError(f"backend.shards: {path} is not a fedgl shard manifest")
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or not all(
+            isinstance(f, dict) and {"file", "sha256"} <= set(f)
+            for f in [manifest.get("server"), manifest.get("evaluator"), *manifest.get("parties", [])]):
+        raise ConfigError(f"backend.shards: {path} is not a fedgl shard manifest")  # every file needs its digest
     if manifest["config_hash"] != config_hash(cfg):
         raise ConfigError(f"backend.shards: {folder} was partitioned with another config "
                           f"(protocol {manifest['protocol']} on {manifest['dataset']}); partition again with this one")
@@ -157,26 +166,15 @@ def shard_path(cfg: RunConfig, name: str, file: str) -> str:
     return str(Path(cfg.backend.shards or ".").resolve() / file)
 
 
-def load_evaluator(path: str) -> Evaluator:
-    """The scoring harness from ``evaluator.pt`` (run where the ground truth is)."""
-    truth = read_shard_file(Path(path), "evaluator file")
-    data = Data(x=truth["x"], y=truth["y"], edge_index=truth["edge_index"],
-                **{f"{s}_mask": truth[f"{s}_mask"] for s in ("train", "val", "test")})
-    data.num_classes = truth["num_classes"]
-    return Evaluator(data)
-
-
 def deploy(cfg: RunConfig, transport: Transport) -> tuple[Any, Any]:
     """The server (a protocol with its state loaded) and the scoring harness of a run over
     ``backend.shards``; every party is made from its own file where it lives."""
-    from .runner import check_placements
-
     folder = Path(cfg.backend.shards or "")
     manifest = read_manifest(folder, cfg)
     check_placements(cfg.backend.parties, [party["name"] for party in manifest["parties"]])
     protocol = protocol_class(cfg.protocol_name)(cfg, transport)
     protocol.build(manifest["num_features"], manifest["num_classes"])
-    server = read_shard_file(folder / manifest["server"]["file"], "server state")
+    server = read_shard_file(folder / manifest["server"]["file"], "server state", manifest["server"]["sha256"])
     try:
         for key, value in server["attributes"].items():
             setattr(protocol, key, restore(getattr(protocol, key, None), value))
@@ -188,5 +186,15 @@ def deploy(cfg: RunConfig, transport: Transport) -> tuple[Any, Any]:
     for party in manifest["parties"]:
         transport.spawn_from_file(party["name"], own_class(party["class"]), party["class"],
                                   shard_path(cfg, party["name"], party["file"]), party["sha256"])
-    evaluator = transport.evaluator_from_file(shard_path(cfg, EVALUATOR_PARTY, manifest["evaluator"]["file"]))
+    evaluator = transport.evaluator_from_file(shard_path(cfg, EVALUATOR_PARTY, manifest["evaluator"]["file"]),
+                                              manifest["evaluator"]["sha256"])
     return protocol, evaluator
+
+
+def check_placements(placements: dict[str, Any], parties: list[str]) -> None:
+    """``backend.parties`` may name only the run's parties and the scoring harness: a misspelt name
+    would silently leave its party unpinned."""
+    unknown = sorted(set(placements) - set(parties) - {EVALUATOR_PARTY})
+    if unknown:
+        raise ConfigError(f"backend.parties: this run has no party {', '.join(unknown)}; it has "
+                          f"{', '.join([*parties, EVALUATOR_PARTY])}")

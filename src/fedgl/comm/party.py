@@ -6,28 +6,31 @@ sampling draws depend only on its seed and its own history, never on which proce
 which order parties are called: this is what makes the local and Ray backends agree exactly.
 
 A party's checkpoint holds tensors and plain data only and is read with ``weights_only=True``, so
-loading a checkpoint file can never run code (``party_state``).
+loading a checkpoint file can never run code (``party_state``). Attributes a party class names in
+``secret_state`` (e.g. a key-agreement private key) are never written to it.
 """
 
 from __future__ import annotations
 
-import pickle
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
-from .. import device as devices
 from ..device import CPU, is_cpu, move, rng_state, set_rng_state, to_wire, working_on
 from ..errors import ConfigError
-from ..files import write_atomically
+from ..files import load_tensors, write_atomically
 from .party_state import StateMismatch, first_line, plain, restore
 from .rpc import spec_of
 
 
 class Party:
     device = CPU  # where the party computes (``fedgl.device``); set by ``create``
+    # Attributes never checkpointed (``party_state``), such as key-agreement secrets: a resumed party
+    # keeps the ones it was made with, and the protocol agrees keys again. Subclasses and mixins add
+    # their own names; the union over the class's bases applies.
+    secret_state: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, name: str, seed: int = 0):
         self.name = name
@@ -64,14 +67,7 @@ class Party:
     def load(self, path: str | Path) -> None:
         """Load the party's own checkpoint into this party, set up as it was when saved. The file is
         read as tensors and plain data only: one that holds anything else is refused."""
-        try:
-            state = torch.load(path, weights_only=True, map_location="cpu")
-        except Exception as err:
-            if isinstance(err, pickle.UnpicklingError) and "GLOBAL" in str(err):  # a class or function by name
-                raise ConfigError(f"cannot resume: the party checkpoint {path} holds objects other than tensors "
-                                  f"and plain data; refusing to load it") from None
-            raise ConfigError(f"cannot resume: the party checkpoint {path} is missing or unreadable "
-                              f"({type(err).__name__})") from None  # torn, truncated, not a torch file
+        state = load_tensors(path, "cannot resume: the party checkpoint")
         try:
             if restore(self, state) is not self:
                 raise StateMismatch(f"it is not a checkpoint of a {type(self).__qualname__}")
@@ -109,49 +105,3 @@ class Party:
         finally:
             self._device_rng_state = rng_state(device)
             set_rng_state(device, outer)
-
-
-class PartyGroup:
-    """The parties living in one process: all of them in-process, or one Ray actor's share, each
-    computing on the group's ``device``."""
-
-    def __init__(self, device: str = "cpu") -> None:
-        self.parties: dict[str, Party] = {}
-        self.device = device  # resolved where each party is made: a machine without it refuses that party
-
-    def add(self, name: str, cls: type[Party], kwargs: dict[str, Any]) -> None:
-        self.parties[name] = cls.create(devices.resolve(self.device), **kwargs)
-
-    def add_from_file(self, name: str, cls_path: str, path: str, sha256: str | None = None) -> None:
-        """Make party ``name`` from its own shard file, read here (deployment: on the party's node)."""
-        from .shard_file import load_party
-
-        cls, kwargs = load_party(path, cls_path, sha256)
-        self.parties[name] = cls.create(devices.resolve(self.device), **kwargs)
-
-    def snapshot(self) -> dict[str, dict[str, Any]]:
-        return {name: party.get_state() for name, party in self.parties.items()}
-
-    def restore(self, states: dict[str, dict[str, Any]]) -> None:
-        for name, state in states.items():
-            self.parties[name].set_state(state)
-
-    def hold(self) -> None:
-        """Keep a copy of every party's state here, in the parties' own process."""
-        self._held = pickle.dumps(self.snapshot())
-
-    def roll_back(self) -> None:
-        """Return every party to the state ``hold`` kept."""
-        self.restore(pickle.loads(self._held))
-
-    def save(self, folder: str | Path) -> None:
-        """Each party's own checkpoint, written here: party states never leave the process."""
-        for name, party in self.parties.items():
-            party.save(Path(folder) / f"{name}.pt")
-
-    def load(self, folder: str | Path) -> None:
-        for name, party in self.parties.items():
-            party.load(Path(folder) / f"{name}.pt")
-
-    def run(self, calls: list[tuple[str, str, dict[str, Any]]]) -> list[tuple[Any, tuple[float, float]]]:
-        return [self.parties[name].dispatch(method, kwargs) for name, method, kwargs in calls]

@@ -3,7 +3,8 @@
 ``plain`` converts a party's attributes (modules and optimisers by their ``state_dict``, generators by
 their state, numpy arrays as tensors, containers and objects recursively) into what
 ``torch.load(weights_only=True)`` reads; ``restore`` loads them back into the freshly set-up party
-(same config, same data).
+(same config, same data). An object's attributes its class names in ``secret_state`` are never
+converted, nor loaded: a secret (a private key) never reaches a file, and the live object keeps its own.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ class StateMismatch(ValueError):
 def plain(value: Any, *, configs: bool = False, skip: tuple[type, ...] = ()) -> Any:
     """``value`` as tensors and plain data: objects with a ``state_dict`` (modules, optimisers) by it,
     generators by their state, numpy arrays as tensors, containers and other objects' attributes
-    recursively. Code (functions, classes), references back up the object graph and instances of
-    ``skip`` are left out; so is configuration (pydantic models) unless ``configs`` keeps it (a party's
-    shard file holds the settings the party is made with)."""
+    recursively. Code (functions, classes), references back up the object graph, secrets
+    (``secret_names``) and instances of ``skip`` are left out; so is configuration (pydantic models)
+    unless ``configs`` keeps it (a party's shard file holds the settings the party is made with)."""
     return _Plain(configs, skip).convert(value, frozenset())
 
 
@@ -73,8 +74,15 @@ class _Plain:
         if not slots and not hasattr(value, "__dict__"):
             raise TypeError(f"cannot checkpoint a {type(value).__qualname__}")
         attrs = {name: getattr(value, name) for name in slots} | getattr(value, "__dict__", {})
+        secret = secret_names(type(value))
+        attrs = {name: v for name, v in attrs.items() if name not in secret}
         return {TAG: "object", "class": _class_path(type(value)),
                 "attrs": _kept({name: self.convert(v, inner) for name, v in attrs.items()})}
+
+
+def secret_names(cls: type) -> frozenset[str]:
+    """The attributes ``cls`` and its bases declare secret (``secret_state``): never checkpointed."""
+    return frozenset().union(*(vars(base).get("secret_state", ()) for base in cls.__mro__))
 
 
 def _plain_key(key: Any) -> bool:
@@ -142,8 +150,10 @@ def _restore_tagged(current: Any, saved: dict) -> Any:
         if target is None:
             cls = own_class(saved["class"])
             target = cls.__new__(cls)
+        secret = secret_names(type(target))  # a file from before a secret was declared does not replace it
         for name, value in saved["attrs"].items():
-            object.__setattr__(target, name, restore(getattr(target, name, None), value))
+            if name not in secret:
+                object.__setattr__(target, name, restore(getattr(target, name, None), value))
         return target
     raise StateMismatch(f"unknown saved value {kind!r}")
 

@@ -5,12 +5,16 @@ mean ten processes. A call to many parties becomes one remote call per host, and
 parallel. Measuring happens in the driver, in the shared ``Transport`` code, so ledgers match the
 local backend byte for byte. Dense tensors in calls and replies cross as numpy arrays (``pack``), which
 Ray's object store moves without pickling their bytes.
+
+The driver stays outside the parties: a host offers it ``@rpc`` calls and control verbs that move no
+party state (``PartyHost``), and neither a host nor the scoring harness carries the methods Ray adds
+to actor classes (``__ray_call__`` would run any function the driver sends on the host's own object).
+Ray is started or joined locked down (``ray_cluster``).
 """
 
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -19,46 +23,12 @@ import torch
 
 from ..errors import ConfigError, FedglError, PartyFailure, out_of_memory
 from .network import NetworkModel
-from .party import Party, PartyGroup
+from .party import Party
+from .party_group import PartyGroup
 from .payload import broadcast_base
-from .shard_file import EVALUATOR_PARTY
+from .ray_cluster import init_ray
+from .shard_file import EVALUATOR_PARTY, load_evaluator
 from .transport import Transport
-
-
-def check_reachable(address: str, timeout_s: float) -> None:
-    """Fail in ``timeout_s`` with one line when nothing listens at a ``host:port`` Ray address (Ray
-    itself would wait forever). ``auto`` and addresses without a port are left to Ray."""
-    target = address.split("://", 1)[-1]
-    host, sep, port = target.rpartition(":")
-    if not sep or not port.isdigit():
-        return
-    try:
-        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
-    except OSError as err:
-        raise ConfigError(f"cannot reach Ray at {address}: {err.strerror or err} "
-                          f"(waited up to {timeout_s:g} s; backend.connect_timeout_s)") from None
-
-
-# Ray workers hash strings with a fixed seed, so anything ordered by hashing is the same from run to run.
-WORKER_ENV = {"PYTHONHASHSEED": "0"}
-
-
-def _start_local(ray: Any) -> None:
-    """A new Ray instance on loopback only (never a cluster found running on this machine); Ray's
-    token authentication stays on unless the user opts out. Its processes inherit ``WORKER_ENV`` from
-    this one while it starts (a ``runtime_env`` would do the same through Ray's runtime-env agent,
-    about 0.8 s more per actor)."""
-    saved = {key: os.environ.get(key) for key in WORKER_ENV}
-    os.environ.update(WORKER_ENV)
-    try:
-        ray.init(address="local", _node_ip_address="127.0.0.1", num_cpus=os.cpu_count(), include_dashboard=False,
-                 log_to_driver=False, object_store_memory=256 * 1024**2)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 class _Array:
@@ -104,16 +74,48 @@ def unpack(value: Any) -> Any:
     return value
 
 
-class PartyHost(PartyGroup):
-    """A Ray actor holding several parties, with its own torch thread count."""
+class Sealed(type):
+    """The type of the actor classes the driver reaches only through their own methods. Ray gives a
+    class it makes an actor of ``__ray_call__`` (which runs any function the caller sends on the
+    actor's own object), unless the class names its original actor class, which Ray then uses as it
+    is: these name themselves (from their type, so that nothing in the class refers back to it)."""
+
+    @property
+    def __ray_actor_class__(cls) -> type:
+        return cls
+
+
+class PartyHost(metaclass=Sealed):
+    """A Ray actor holding several parties (a ``PartyGroup``), with its own torch thread count. Its
+    methods are all the driver can call: set-up (``add`` in a simulation, ``add_from_file`` where a
+    deployed party reads its own shard), ``@rpc`` calls, and verbs that keep party states inside the
+    host (``hold``/``roll_back``, each party's own checkpoint file ``save``/``load``)."""
 
     def __init__(self, threads: int, device: str = "cpu"):
-        super().__init__(device)
         torch.set_num_threads(threads)
+        self._group = PartyGroup(device)
+
+    def add(self, name: str, cls: type[Party], kwargs: dict[str, Any]) -> None:
+        self._group.add(name, cls, kwargs)
+
+    def add_from_file(self, name: str, cls_path: str, path: str, sha256: str) -> None:
+        self._group.add_from_file(name, cls_path, path, sha256)
 
     def run(self, calls: list) -> list:
-        """``PartyGroup.run`` over Ray: calls and replies ``pack``ed."""
-        return pack(super().run(unpack(calls)))
+        """``PartyGroup.run`` (``@rpc`` methods only) over Ray: calls and replies ``pack``ed."""
+        return pack(self._group.run(unpack(calls)))
+
+    def hold(self) -> None:
+        self._group.hold()
+
+    def roll_back(self) -> None:
+        self._group.roll_back()
+
+    def save(self, folder: str) -> None:
+        self._group.save(folder)
+
+    def load(self, folder: str) -> None:
+        self._group.load(folder)
 
     def node_id(self) -> str:
         """The Ray node this host runs on (where its parties' data is)."""
@@ -122,23 +124,21 @@ class PartyHost(PartyGroup):
         return ray.get_runtime_context().get_node_id()
 
 
-class Referee:
+class Referee(metaclass=Sealed):
     """A Ray actor holding the scoring harness, made from ``evaluator.pt`` where it runs (deployment)."""
 
-    def __init__(self, path: str, threads: int):
-        from ..deployment import load_evaluator
-
+    def __init__(self, path: str, sha256: str, threads: int):
         torch.set_num_threads(threads)
-        self.evaluator = load_evaluator(path)
+        self._evaluator = load_evaluator(path, sha256)
 
     def full_graph_logits(self, model: Any, model_name: str) -> torch.Tensor:
-        return self.evaluator.full_graph_logits(model, model_name)
+        return self._evaluator.full_graph_logits(model, model_name)
 
     def edge_logits(self, model: Any) -> torch.Tensor:
-        return self.evaluator.edge_logits(model)
+        return self._evaluator.edge_logits(model)
 
     def score(self, logits: torch.Tensor) -> dict[str, float]:
-        return self.evaluator.score(logits)
+        return self._evaluator.score(logits)
 
 
 class RemoteEvaluator:
@@ -161,7 +161,8 @@ class RayTransport(Transport):
     backend = "ray"
 
     def __init__(self, network: NetworkModel | None = None, device: str = "cpu", *, address: str | None = None,
-                 actors: int | None = None, connect_timeout_s: float = 30.0, nodes: dict[str, str] | None = None):
+                 actors: int | None = None, connect_timeout_s: float = 30.0, nodes: dict[str, str] | None = None,
+                 auth: str = "token"):
         super().__init__(network, device)
         # Ray shows an actor only the GPUs it asked for, numbered from 0 there: a host asks for a share
         # of one and its parties use the one Ray gives it
@@ -171,19 +172,7 @@ class RayTransport(Transport):
         except ImportError as exc:
             raise ConfigError("backend 'ray' needs the ray package: pip install 'fedgl[ray]'") from exc
         self._ray = ray
-        if address:
-            check_reachable(address, connect_timeout_s)
-        if not ray.is_initialized():
-            try:
-                if address:
-                    ray.init(address=address, log_to_driver=False, runtime_env={"env_vars": WORKER_ENV})
-                else:
-                    _start_local(ray)
-            except (ConnectionError, RuntimeError, ValueError) as exc:
-                raise ConfigError(f"cannot start or reach Ray at {address or 'a local instance'}: {exc}") from exc
-            self._owns_ray = True
-        else:
-            self._owns_ray = False
+        self._owns_ray = init_ray(ray, address, connect_timeout_s, auth)  # token authentication, loopback
         if self._device == "cuda" and not ray.cluster_resources().get("GPU"):  # no host could ever start
             if self._owns_ray:
                 ray.shutdown()
@@ -227,16 +216,16 @@ class RayTransport(Transport):
         self._specs[name] = ("add", (name, cls, kwargs))
         self._gather({0: self._send(self._hosts[self._place(name)], "add", name, cls, kwargs)})
 
-    def _create_from_file(self, name: str, cls_path: str, path: str, sha256: str | None) -> None:
+    def _create_from_file(self, name: str, cls_path: str, path: str, sha256: str) -> None:
         self._specs[name] = ("add_from_file", (name, cls_path, path, sha256))
         self._gather({0: self._send(self._hosts[self._place(name)], "add_from_file", name, cls_path, path, sha256)})
 
     def _new_host(self, node: str | None) -> Any:
         return self._pinned(PartyHost, node).remote(torch.get_num_threads(), self._device)
 
-    def evaluator_from_file(self, path: str) -> RemoteEvaluator:
+    def evaluator_from_file(self, path: str, sha256: str) -> RemoteEvaluator:
         node = self._nodes.get(EVALUATOR_PARTY)
-        return RemoteEvaluator(self, self._pinned(Referee, node).remote(path, torch.get_num_threads()))
+        return RemoteEvaluator(self, self._pinned(Referee, node).remote(path, sha256, torch.get_num_threads()))
 
     def _gather(self, futures: dict[int, Any]) -> dict[int, Any]:
         """Each host's result; a host whose actor died raises ``PartyFailure`` naming its parties, and a
@@ -292,19 +281,6 @@ class RayTransport(Transport):
             mine = [name for name, host in self._placement.items() if host == h]
             self._ray.get([self._send(self._hosts[h], method, *args)
                            for method, args in (self._specs[name] for name in mine)])
-
-    def snapshot(self) -> dict[str, dict[str, Any]]:
-        states: dict[str, dict[str, Any]] = {}
-        for part in self._ray.get([self._send(host, "snapshot") for host in self._hosts]):
-            states.update(part)
-        return states
-
-    def restore(self, states: dict[str, dict[str, Any]]) -> None:
-        futures = []
-        for h, host in enumerate(self._hosts):
-            mine = {n: s for n, s in states.items() if self._placement[n] == h}
-            futures.append(self._send(host, "restore", mine))
-        self._ray.get(futures)
 
     def close(self) -> None:
         for host in self._hosts:

@@ -19,8 +19,10 @@ import torch
 from ..device import to_wire
 from .ledger import EVAL, SERVER, Ledger
 from .network import NetworkModel, SimClock
-from .party import Party, PartyGroup
+from .party import Party
+from .party_group import PartyGroup
 from .rpc import Measured, measure_args, measure_result, spec_of
+from .shard_file import load_evaluator
 
 
 class Transport:
@@ -45,14 +47,6 @@ class Transport:
     def _execute(self, calls: list[tuple[str, str, dict[str, Any]]]) -> list[tuple[Any, tuple[float, float]]]:
         """Run ``(party, method, kwargs)`` calls, concurrently where the backend can; each result comes
         with the call's (elapsed, CPU) seconds."""
-        raise NotImplementedError
-
-    def snapshot(self) -> dict[str, dict[str, Any]]:
-        """Every party's state, brought to the caller: for tests that inspect parties, never for a
-        protocol (a party's state does not leave it; protocols use ``hold``/``roll_back``)."""
-        raise NotImplementedError
-
-    def restore(self, states: dict[str, dict[str, Any]]) -> None:
         raise NotImplementedError
 
     def hold(self) -> None:
@@ -93,7 +87,7 @@ class Transport:
         self.idle()
         return names
 
-    def spawn_from_file(self, name: str, cls: type[Party], cls_path: str, path: str, sha256: str | None = None) -> None:
+    def spawn_from_file(self, name: str, cls: type[Party], cls_path: str, path: str, sha256: str) -> None:
         """Make party ``name`` (a ``cls``) from its own shard file, which the party reads (and checks
         against ``sha256``) where it lives; the file never passes through here (deployment)."""
         if name in self._classes or name == SERVER:
@@ -102,14 +96,12 @@ class Transport:
         self._create_from_file(name, cls_path, path, sha256)
         self.idle()
 
-    def _create_from_file(self, name: str, cls_path: str, path: str, sha256: str | None) -> None:
+    def _create_from_file(self, name: str, cls_path: str, path: str, sha256: str) -> None:
         raise NotImplementedError
 
-    def evaluator_from_file(self, path: str) -> Any:
-        """The scoring harness, made where ``path`` (``evaluator.pt``) is."""
-        from ..deployment import load_evaluator
-
-        return load_evaluator(path)
+    def evaluator_from_file(self, path: str, sha256: str) -> Any:
+        """The scoring harness, made where ``path`` (``evaluator.pt``, checked against ``sha256``) is."""
+        return load_evaluator(path, sha256)
 
     @property
     def parties(self) -> list[str]:
@@ -263,14 +255,14 @@ class LocalTransport(Transport):
     def _create(self, name: str, cls: type[Party], kwargs: dict[str, Any]) -> None:
         self._group.add(name, cls, kwargs)
 
-    def _create_from_file(self, name: str, cls_path: str, path: str, sha256: str | None) -> None:
+    def _create_from_file(self, name: str, cls_path: str, path: str, sha256: str) -> None:
         self._group.add_from_file(name, cls_path, path, sha256)
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
+        """Every party's live state, for tests that inspect parties in-process; never for a protocol
+        (a party's state does not leave it: protocols use ``hold``/``roll_back``), and no other
+        backend offers it."""
         return self._group.snapshot()
-
-    def restore(self, states: dict[str, dict[str, Any]]) -> None:
-        self._group.restore(states)
 
     def hold(self) -> None:
         self._group.hold()

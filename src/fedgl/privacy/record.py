@@ -22,7 +22,6 @@ again, since their messages crossed again.
 
 from __future__ import annotations
 
-import pickle
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -35,7 +34,7 @@ from torch import Tensor
 
 from ..comm.payload import nbytes
 from ..errors import ConfigError
-from ..files import write_atomically
+from ..files import load_tensors, write_atomically
 
 FORMAT = "fedgl-messages-1"
 CHUNK_BYTES = 64 * 2**20
@@ -151,12 +150,7 @@ def read_messages(folder: Path) -> Iterator[Message]:
     """Every recorded message of ``folder``, in the order it crossed, one chunk in memory at a time."""
     for path in message_files(folder):
         session = int(PART.fullmatch(path.name).group(1))
-        try:
-            state = torch.load(path, weights_only=True)
-        except Exception as err:
-            what = "objects other than tensors and plain data" if isinstance(err, pickle.UnpicklingError) \
-                and "GLOBAL" in str(err) else f"unreadable data ({type(err).__name__})"
-            raise ConfigError(f"{path} holds {what}; not a fedgl message record") from None
+        state = load_tensors(path, "message record")
         if not isinstance(state, dict) or state.get("format") != FORMAT:
             raise ConfigError(f"{path} is not a fedgl message record (format {FORMAT})")
         for m in state["messages"]:

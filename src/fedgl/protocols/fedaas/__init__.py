@@ -23,9 +23,11 @@ The GraphFed and FedGraph reconstructions are presets whose own pieces live in `
 Optional rules: ``phi`` (the paper's ratio rule in place of fan-outs; the server, the one party that
 knows every node's owner, draws each owner's share of a target's remote candidates), ``tau0: grid``
 (τ_0 from one trial round per candidate on restored copies of every party and the server) and, with
-``privacy.secure_aggregation``, masked uploads of which the server decodes only the sum (FedAvg's
-``private_reply``). With ``privacy.dp`` a client's upload is its update clipped and noised (FedAvg's
-``private_reply`` again), every row an owner puts into a pair partial and every key and query crossing
-at a sync is clipped and noised (``FedAASClient.private_partials``), and the server composes the rounds
-of uploads with the most released node's count (docs/privacy.md, FedAAS).
+``privacy.secure_aggregation``, uploads summed by ``protocols/aggregation.py``'s ``secure_sum``, of
+which the server decodes only the sum (encoded by FedAvg's ``private_reply``). With ``privacy.dp`` a
+client's upload is its update clipped and noised (FedAvg's ``private_reply`` again), every row an
+owner puts into a pair partial and every key and query crossing at a sync is clipped and noised
+(``FedAASClient.private_partials``, from its ``PrivateRelease``), and the server charges the uploads
+and every partial, key and query to the nodes of the client that computed it (``DPAccountant``;
+docs/privacy.md, FedAAS).
 """

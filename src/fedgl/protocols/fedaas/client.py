@@ -16,9 +16,10 @@ from ...config import ModelConfig, TrainConfig
 from ...models.split_attention import NEGATIVE_SLOPE, Partial, SplitAttentionNet
 from ...optim import make_optimizer
 from ...privacy import PrivacyConfig
-from ...privacy.dp import clip, gaussian, noise_generator
-from ...privacy.secure_aggregation import MaskedParty, MaskingClient
+from ...privacy.dp import PrivateRelease, clip
+from ...privacy.bonawitz import SecAggClient
 from ...sampling import CSR, sample_neighbors, sample_weighted
+from ..aggregation import SecureSumParty
 from ..fedavg.client import private_reply
 from ..fedavg.group import flat_state, state_from_row
 from ..horizontal.shared import HorizontalClient
@@ -48,16 +49,17 @@ def _rows(csr: CSR) -> Tensor:
     return torch.repeat_interleave(torch.arange(csr.num_nodes), csr.degree())
 
 
-class FedAASClient(MaskedParty, HorizontalClient):
+class FedAASClient(SecureSumParty, HorizontalClient):
     """A FedAAS client: trains on its shard, keeps the history store, serves partials to others."""
+
 
     def __init__(self, name: str, seed: int, shard: Any, train: TrainConfig, num_features: int, num_classes: int,
                  opts: dict[str, Any], index: int = 0, privacy: PrivacyConfig | None = None):
         super().__init__(name, seed, shard, PLACEHOLDER, num_features, num_classes)
         self.privacy = privacy or PrivacyConfig()
-        self.masker = MaskingClient.create(index) if self.privacy.secure_aggregation else None
+        self.secagg = SecAggClient.create(index) if self.privacy.secure_aggregation else None
         self.dp = self.privacy.dp
-        self.noise = noise_generator(seed) if self.dp is not None else None
+        self.private = PrivateRelease(self.dp, seed) if self.dp is not None else None
         self.origin: Tensor | None = None  # θ_t as flat_state, the start of this round's update
         self.opts = FedAASOptions.model_validate(opts)
         self.train_cfg = train
@@ -294,7 +296,7 @@ class FedAASClient(MaskedParty, HorizontalClient):
             return self.model.query_key(layer, h)[0]
         a = self.model.att_dst[layer]
         query = clip(self.model.project(layer, h), self.dp.max_norm) @ a
-        return gaussian(query, self.dp, self.noise, float(a.norm()) * self.dp.max_norm)
+        return self.private.noised(query, float(a.norm()) * self.dp.max_norm)
 
     @torch.no_grad()
     def private_partials(self, layer: int, h: Tensor, query: Tensor, pair: Tensor, npairs: int
@@ -306,14 +308,14 @@ class FedAASClient(MaskedParty, HorizontalClient):
         at σ sqrt(C² + 1). Keys are noised at σ |a| C. Then, on the noised sums and public bounds only: a den
         into the range a true one has, and the pair sent as its mean (clipped to the C-ball), den 1 and shift
         b + log den, the same partial in a form that does not underflow (the sums are taken in float64)."""
-        dp, model, bound = self.dp, self.model, self.dp.max_norm
+        model, bound = self.model, self.dp.max_norm
         projected = self.opts.remote_projection == "owner"
         rows = clip(model.project(layer, h) if projected else h, bound)
         direction = model.att_src[layer] if projected else model.weights[layer] @ model.att_src[layer]
         keys = rows @ direction
         count = torch.bincount(pair, minlength=npairs).to(rows.dtype)
         if self.opts.aggregate == "mean":
-            num = gaussian(torch.zeros(npairs, rows.size(1)).index_add_(0, pair, rows), dp, self.noise)
+            num = self.private.noised(torch.zeros(npairs, rows.size(1)).index_add_(0, pair, rows))
             return Partial(clip(num, (count * bound).unsqueeze(1)), count, torch.zeros(npairs)), keys
         kappa = float(direction.norm())
         top = F.leaky_relu(query + kappa * bound, NEGATIVE_SLOPE)
@@ -321,12 +323,12 @@ class FedAASClient(MaskedParty, HorizontalClient):
         gap = (F.leaky_relu(query[pair] + keys, NEGATIVE_SLOPE) - top[pair]).double()
         weight = torch.exp(gap).unsqueeze(1)
         terms = torch.cat([rows.double() * weight, weight], 1)
-        sums = gaussian(torch.zeros(npairs, terms.size(1), dtype=terms.dtype).index_add_(0, pair, terms), dp,
-                        self.noise, math.hypot(bound, 1.0))
+        sums = self.private.noised(torch.zeros(npairs, terms.size(1), dtype=terms.dtype).index_add_(0, pair, terms),
+                                   math.hypot(bound, 1.0))
         den = sums[:, -1].clamp(min=count.double() * torch.exp((low - top).double()), max=count.double())
         mean = clip(sums[:, :-1] / den.unsqueeze(1), bound).to(rows.dtype)
         return (Partial(mean, torch.ones(npairs), (top.double() + den.log()).to(rows.dtype)),
-                gaussian(keys, dp, self.noise, kappa * bound))
+                self.private.noised(keys, kappa * bound))
 
     @rpc(incoming="index", query="embedding",
          returns={"num": "embedding", "den": "embedding", "shift": "embedding", "keys": "embedding", "count": "index",
@@ -371,11 +373,11 @@ class FedAASClient(MaskedParty, HorizontalClient):
         self.step = None
         return {"loss": loss}
 
-    @rpc(participants="index", returns={"state": "model", "num_train": "control", "loss": "control", "masked": "model"})
-    def upload(self, participants: Tensor | None = None, round_index: int = 0) -> dict[str, Any]:
-        """The trained model (under DP: θ_t plus its clipped, noised update); under secure aggregation only
-        ``[w θ, w, w loss]`` masked (fedavg's ``private_reply``), w the client's averaging weight (0
-        without training nodes)."""
+    @rpc(summands="control", returns={"state": "model", "num_train": "control", "loss": "control"})
+    def upload(self, summands: int = 0) -> dict[str, Any]:
+        """The trained model (under DP: θ_t plus its clipped, noised update); under secure aggregation
+        nothing: ``[w θ, w, w loss]`` is kept encoded (fedavg's ``private_reply``) for the secure sum of
+        ``summands`` clients that follows, w the client's averaging weight (0 without training nodes)."""
         num_train = int(self.train_idx.numel())
         loss = sum(self.losses) / len(self.losses) if self.losses else math.nan
         state = self.model.state_dict()
@@ -384,7 +386,8 @@ class FedAASClient(MaskedParty, HorizontalClient):
         weight = (num_train if self.opts.weighting == "nodes" else 1) if num_train else 0
         reply = private_reply(flat_state(state).unsqueeze(0), self.origin.unsqueeze(0), torch.tensor([weight]),
                               torch.tensor([loss if weight else 0.0], dtype=torch.float64), self.privacy,
-                              [self.noise], [self.masker], participants, round_index)
-        if "masked" in reply:
-            return {"masked": reply["masked"][0]}
+                              [self.private], summands)
+        if "encoded" in reply:
+            self.secure_value = reply["encoded"][0]
+            return {}
         return {"state": state_from_row(reply["state"][0], state), "num_train": num_train, "loss": loss}

@@ -18,8 +18,9 @@ from ...evaluation import Evaluator
 from ...models import as_model_input
 from ...models.split_attention import SplitAttentionNet, merge_into
 from ...partition import horizontal_from_config
-from ...privacy.dp import Accountant, ReleaseAccountant
-from ...privacy.secure_aggregation import decode, exchange_keys, ring_sum
+from ...privacy.dp import NODE_EXCHANGE, SUBSTITUTION, DPAccountant
+from ...privacy.secure_aggregation import MIN_PARTICIPANTS
+from ..aggregation import secure_sum, trust_identities
 from ..base import Protocol
 from ..fedavg.server import weighted_average
 from ..fedavg.group import state_from_row
@@ -37,6 +38,7 @@ class FedAAS(Protocol):
     name = "fedaas"
     scenario = "horizontal"
     Options = FedAASOptions
+    sums = 0  # secure sums run so far (also when set up from a shard folder)
 
     @classmethod
     def paper_training(cls, model: str, optimizer: str) -> dict[str, Any]:
@@ -64,16 +66,17 @@ class FedAAS(Protocol):
         if self.secure and o.personalize == "similarity":
             raise ConfigError(f"{self.name}: privacy.secure_aggregation hides each client's model from the server, "
                               f"which personalize 'similarity' needs; use personalize 'none'")
-        if self.secure and self.sample_size(len(part.shards)) < 2:
-            raise ConfigError(f"{self.name}: privacy.secure_aggregation needs at least 2 clients per round, got "
-                              f"{self.sample_size(len(part.shards))} (partition.num_clients x protocol.client_fraction)")
+        count = self.sample_size(len(part.shards))
+        if self.secure and (count < MIN_PARTICIPANTS or self.cfg.privacy.secure_threshold(count) > count):
+            raise ConfigError(f"{self.name}: privacy.secure_aggregation needs at least {MIN_PARTICIPANTS} clients "
+                              f"per round and no fewer than its threshold {self.cfg.privacy.secure_threshold(count)}, "
+                              f"got {count} (partition.num_clients x protocol.client_fraction)")
         dp = self.cfg.privacy.dp
         if dp is not None and (o.phi is not None or (o.query_gradient == "exact" and o.aggregate == "attention")):
             raise ConfigError(f"{self.name}: privacy.dp does not noise what phi (the trainers' logits) or "
                               f"query_gradient exact (the slope-weighted sums) sends; unset them")
-        # DP: the rounds of model uploads (client-level) and every node's releases at syncs (node-level)
-        self.rounds = Accountant(dp) if dp is not None else None
-        self.releases = ReleaseAccountant(dp, part.owner.numel()) if dp is not None else None
+        # DP: the model uploads and the releases at syncs, charged to the nodes each may carry
+        self.accountant = DPAccountant(dp, part.owner, NODE_EXCHANGE, ("model", "embedding")) if dp else None
         options = o.model_dump()
         self.clients = self.transport.spawn(FedAASClient, [
             dict(name=f"client{m}", seed=self.cfg.seed * 100_003 + m + 1, shard=shard, train=self.cfg.train,
@@ -81,9 +84,6 @@ class FedAAS(Protocol):
                  privacy=self.cfg.privacy)
             for m, shard in enumerate(part.shards)])
         self.router = Router(part.owner, part.local_index, self.clients)
-        # each client's own nodes by local index, as global ids (the queries' targets)
-        self.own_ids = [(part.owner == c).nonzero().flatten() for c in range(len(self.clients))]
-        self.own_ids = [ids[torch.argsort(part.local_index[ids])] for ids in self.own_ids]
         self.held_out = getattr(part, "server_shard", None)
         if o.interval == "adaptive" and o.interval_loss == "server":
             if self.held_out is None:
@@ -106,7 +106,7 @@ class FedAAS(Protocol):
 
     def start(self) -> None:
         if self.secure:
-            exchange_keys(self.transport, self.clients)
+            trust_identities(self.transport, self.clients)
 
     # ---- the interval ---------------------------------------------------------------------------
     def server_loss(self) -> float:
@@ -129,9 +129,9 @@ class FedAAS(Protocol):
         transport.hold()  # every party keeps a copy of its state where it lives
         server, rng = copy.deepcopy(self.state_dict()), torch.get_rng_state()
         grid = {}
-        for i, tau in enumerate(GRID):
+        for tau in GRID:
             began = transport.clock.now
-            self.run_round(tau, -1 - i)  # masks of its own: no training round uses a negative index
+            self.run_round(tau)
             seconds = transport.clock.now - began
             loss = self.server_loss()
             grid[tau] = {"loss": loss, "seconds": seconds, "rate": (loss - self.losses[0]) / seconds}
@@ -162,7 +162,7 @@ class FedAAS(Protocol):
         if self.tau0 is None:
             self.search_tau0()
         tau = self.tau if self.model.num_layers > 1 else None
-        loss, syncs = self.run_round(tau, round_index)
+        loss, syncs = self.run_round(tau)
         if loss is None:
             return {"train_loss": math.nan, **self.spent()}
         if o.interval == "adaptive":
@@ -177,21 +177,18 @@ class FedAAS(Protocol):
     def spent(self) -> dict[str, float]:
         """DP: epsilon so far for one node's data, over its client's uploads and its own releases at syncs
         (all Gaussian events of one noise multiplier, composed), and each of the two alone."""
-        if self.rounds is None:
-            return {}
-        return {"epsilon": self.releases.epsilon(self.rounds.rates), "epsilon_model": self.rounds.epsilon(),
-                "epsilon_embedding": self.releases.epsilon()}
+        return {} if self.accountant is None else self.accountant.epsilons()
 
-    def run_round(self, tau: int | None, mask_round: int) -> tuple[float | None, int]:
-        """The chosen clients' local steps at interval ``tau`` (None: no sync) and the model average
-        (``mask_round`` keys the secure-aggregation masks); returns the weighted training loss (None
-        when no chosen client trained) and the number of sync steps."""
+    def run_round(self, tau: int | None) -> tuple[float | None, int]:
+        """The chosen clients' local steps at interval ``tau`` (None: no sync) and the model average;
+        returns the weighted training loss (None when no chosen client trained) and the number of sync
+        steps."""
         o = self.opts
         steps = o.local_epochs * o.batches
         syncs, self.count = sync_steps(o.sync_counter, tau, steps, self.count)
         chosen = self.sample_clients()
-        if self.rounds is not None:  # counted before any client releases its update
-            self.rounds.step(len(chosen) / len(self.clients))
+        if self.accountant is not None:  # counted before any client releases its update
+            self.accountant.charge("model", clients=torch.tensor([self.router.index[c] for c in chosen]))
         state = self.model.state_dict()
         serving = self.clients if syncs else chosen  # A13: owners not drawn serve with θ_t
         picked = set(chosen)
@@ -206,18 +203,18 @@ class FedAAS(Protocol):
                 run = next((k for k in range(j, steps) if k in syncs), steps) - j
                 self.transport.call_many(chosen, "local", steps=run)
                 j += run
-        return self.average(chosen, state, mask_round), len(syncs)
+        return self.average(chosen, state), len(syncs)
 
-    def average(self, chosen: list[str], state: dict[str, Tensor], mask_round: int) -> float | None:
+    def average(self, chosen: list[str], state: dict[str, Tensor]) -> float | None:
         """FedAvg of the chosen clients' models into θ_{t+1}: weighted in the clear, or decoded from the
         masked sum under secure aggregation (the server then sees no client's model, count or loss);
         returns the weighted training loss, None when no chosen client trained."""
         o = self.opts
         if self.secure:
-            everyone = len(chosen) == len(self.clients)
-            ids = None if everyone else torch.tensor([self.router.index[c] for c in chosen])
-            uploads = self.transport.call_many(chosen, "upload", participants=ids, round_index=mask_round)
-            total = decode(ring_sum(torch.stack([r["masked"] for r in uploads])))  # [Σ w θ, Σ w, Σ w loss]
+            self.transport.call_many(chosen, "upload", summands=len(chosen))
+            self.sums += 1  # each secure sum's label, never used twice
+            total, _ = secure_sum(self.transport, chosen, [self.router.index[c] for c in chosen], self.sums,
+                                  self.cfg.privacy.secure_threshold(len(chosen)))  # [Σ w θ, Σ w, Σ w loss]
             if total[-2] <= 0:
                 return None
             self.model.load_state_dict(state_from_row(total[:-2] / total[-2], state))
@@ -249,9 +246,10 @@ class FedAAS(Protocol):
                 {"remote": remote.get(c, {}).get("remote"), "counts": remote.get(c, {}).get("counts")}
                 for c in chosen], layer=layer)
             picks = {c: r for c, r in zip(chosen, replies) if r}
-            if self.releases is not None and self.opts.aggregate == "attention":  # one query per target
+            if self.accountant is not None and self.opts.aggregate == "attention":  # one query per target
                 for c, r in picks.items():
-                    self.releases.record(self.own_ids[self.router.index[c]][torch.unique(r["targets"])])
+                    queries = torch.unique(r["targets"]).numel()  # from the trainer's own model: all its nodes
+                    self.accountant.charge("embedding", clients=torch.full((queries,), self.router.index[c]))
             drawn = {c: self.draw(r) for c, r in picks.items()} if self.opts.phi is not None else {}
             routed = {c: {key: r[key][drawn[c]] if c in drawn else r[key] for key in ("targets", "ids")}
                       for c, r in picks.items()}
@@ -265,7 +263,7 @@ class FedAAS(Protocol):
                     queries.setdefault(self.clients[c], {})[trainer] = picks[trainer]["query"][span]
             served = dict(zip(owners, self.transport.call_many(owners, "serve", per_target=[
                 {"incoming": requests[c], "query": queries[c]} for c in owners], layer=layer)))
-            if self.releases is not None:
+            if self.accountant is not None:
                 self.record_releases(routes, served)
             remote = {trainer: self.combine(route, served, routed[trainer]["ids"], trainer, drawn.get(trainer))
                       for trainer, route in routes.items()}
@@ -273,14 +271,19 @@ class FedAAS(Protocol):
             {"remote": remote.get(c, {}).get("remote"), "counts": remote.get(c, {}).get("counts")} for c in chosen])
 
     def record_releases(self, routes: dict, served: dict[str, dict]) -> None:
-        """DP: one release for every pick in a pair partial that was sent (not withheld), and one more
-        for its key when keys travel (attention sampling)."""
+        """DP: a partial sent (not withheld) sums n rows its owner computed with its own model, so every row
+        may carry any node of the owner: 2 n C for all of them; with attention sampling each pick's key is
+        one more release (2 C) of the same kind."""
         sent = "count" if self.opts.aggregate == "mean" else "shift"
         for trainer, route in routes.items():
-            owners = [self.clients[c] for c in route.pair_counts.nonzero().flatten().tolist()]
-            released = torch.cat([served[c][sent][trainer] for c in owners]) > (0 if sent == "count" else -math.inf)
-            picks = route.pick_ids[released[route.pick_pair]]
-            self.releases.record(picks.repeat(2 if self.opts.sampling == "attention" else 1))
+            held = route.pair_counts.nonzero().flatten()
+            released = torch.cat([served[self.clients[c]][sent][trainer] for c in held.tolist()])
+            released = released > (0 if sent == "count" else -math.inf)
+            owner = torch.repeat_interleave(held, route.pair_counts[held])
+            rows = torch.bincount(route.pick_pair, minlength=released.numel()).double()
+            self.accountant.charge("embedding", clients=owner[released], multiple=SUBSTITUTION * rows[released])
+            if self.opts.sampling == "attention":
+                self.accountant.charge("embedding", clients=owner[route.pick_pair][released[route.pick_pair]])
 
     def draw(self, reply: dict[str, Tensor]) -> Tensor:
         """The phi rule's remote half, at the server, the one party that knows every node's owner: of a
@@ -332,7 +335,7 @@ class FedAAS(Protocol):
         ledger = self.transport.ledger
         sent = sum(row["bytes"] for row in ledger.rows() if row["src"] != "server" and (
             row["kind"] == "model" or (row["method"] in EXCHANGE and row["kind"] in ("embedding", "index"))))
-        dp = {} if self.rounds is None else self.spent() | {"delta": self.rounds.delta}
+        dp = {} if self.accountant is None else self.accountant.summary()
         return {"bytes_embedding": ledger.total(methods=EXCHANGE, kinds=("embedding", "index")),
                 "bytes_model": ledger.total(kinds=("model",)), "bytes_code_convention": sent,
                 "tau_by_round": self.taus, **({"tau0": self.tau0, "tau0_grid": self.grid} if self.grid else {})} | dp
@@ -343,13 +346,12 @@ class FedAAS(Protocol):
     def state_dict(self) -> dict[str, Any]:
         return super().state_dict() | {"model": self.model.state_dict(), "tau": self.tau, "tau0": self.tau0,
                                        "grid": dict(self.grid), "losses": list(self.losses), "taus": list(self.taus),
-                                       "count": self.count, "personal": dict(self.personal)} | self.dp_state()
+                                       "count": self.count, "personal": dict(self.personal),
+                                       "sums": self.sums} | self.dp_state()
 
     def dp_state(self) -> dict[str, Any]:
-        """The budget spent: rounds of uploads (their sampling rates) and every node's release count."""
-        if self.rounds is None:
-            return {}
-        return {"dp_rates": list(self.rounds.rates), "dp_releases": self.releases.releases.clone()}
+        """The budget spent (the accountant's loads)."""
+        return {} if self.accountant is None else {"dp": self.accountant.state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
@@ -357,5 +359,6 @@ class FedAAS(Protocol):
         self.tau, self.tau0, self.grid = state["tau"], state["tau0"], dict(state["grid"])
         self.losses, self.taus, self.count = state["losses"], state["taus"], state["count"]
         self.personal = dict(state["personal"])
-        if self.rounds is not None:
-            self.rounds.rates, self.releases.releases = list(state["dp_rates"]), state["dp_releases"].clone()
+        self.sums = state.get("sums", 0)  # a checkpoint from before secure sums had labels
+        if self.accountant is not None:
+            self.accountant.load_state(state["dp"])

@@ -11,9 +11,10 @@ same trajectories and the same model bytes: each member's model travels as its o
 ``Rows("model")`` payload and the ledger attributes it to that member.
 
 Privacy (``RunConfig.privacy``, ``fedgl.privacy``): with ``dp`` each client clips its update (its model
-minus the global model it received) and adds Gaussian noise before anything leaves it; the server
-tracks epsilon with the accountant. With ``secure_aggregation`` the clients agree on pairwise keys once
-at setup (``public_key`` then ``agree``, relayed by the server) and each round a client sends only
-``[w * model, w, w * loss]`` (w its training-node count) in fixed point with pairwise masks, so the
-server learns the weighted sums and nothing per client.
+minus the global model it received) and adds Gaussian noise from its own stream (``PrivateRelease``)
+before anything leaves it; the server charges every round a client takes part in to its
+``DPAccountant``. With ``secure_aggregation`` (one party per client) a client keeps
+``[w * model, w, w * loss]`` (w its training-node count) in fixed point and the server sums them with
+``protocols/aggregation.py``'s ``secure_sum`` (Bonawitz et al., with the configured threshold), so it
+learns the weighted sums of the clients that stay to the end of the round and nothing per client.
 """

@@ -9,32 +9,32 @@ import torch
 
 from ...comm import Party, Rows, rpc
 from ...config import ModelConfig, TrainConfig
-from ...optim import make_model
+from ...models import make_model
 from ...privacy import PrivacyConfig
-from ...privacy.dp import privatize
-from ...privacy.secure_aggregation import MaskedParty, MaskingClient, encode
+from ...privacy.dp import PrivateRelease, release_rows
+from ...privacy.bonawitz import SecAggClient
+from ...privacy.secure_aggregation import encode
+from ..aggregation import SecureSumParty
 from ..local_training import LocalTrainer
 from .group import ClientGroupTrainer, flat_state, state_from_row
 
 
 def private_reply(rows: torch.Tensor, start: torch.Tensor, num_train: torch.Tensor, loss: torch.Tensor,
-                  privacy: PrivacyConfig, generators: list[torch.Generator | None], maskers: list[MaskingClient],
-                  participants: torch.Tensor | None, round_index: int) -> dict[str, torch.Tensor]:
-    """What k clients send after training from ``start`` to ``rows`` (``flat_state`` rows): with DP
-    the noised, clipped updates applied to ``start``; with secure aggregation only the masked
-    fixed-point rows ``[w * model, w, w * loss]``, w = training nodes (``participants``: the ids of
-    this round's clients, None = all)."""
+                  privacy: PrivacyConfig, releases: list[PrivateRelease | None],
+                  summands: int) -> dict[str, torch.Tensor]:
+    """What k clients release after training from ``start`` to ``rows`` (``flat_state`` rows): with DP
+    the noised, clipped updates applied to ``start``; with secure aggregation the fixed-point rows
+    ``[w * model, w, w * loss]`` (w = training nodes) for a secure sum of ``summands`` clients."""
     if privacy.dp is not None:
-        rows = start + privatize(rows - start, privacy.dp, generators)
+        rows = start + release_rows(releases, rows - start)
     if not privacy.secure_aggregation:
         return {"state": rows, "num_train": num_train, "loss": loss}
     values = torch.cat([rows.double(), torch.ones_like(loss).unsqueeze(1), loss.unsqueeze(1)], 1)
-    count = maskers[0].num_clients if participants is None else participants.numel()
-    encoded = encode(values, num_train, count)
-    return {"masked": torch.stack([m.mask(e, participants, round_index) for m, e in zip(maskers, encoded)])}
+    return {"encoded": encode(values, num_train, summands)}
 
 
-class FedAvgClient(MaskedParty, Party):
+class FedAvgClient(SecureSumParty, Party):
+
     def __init__(self, name: str, seed: int, shard: Any, model: ModelConfig, train: TrainConfig | None,
                  num_features: int, num_classes: int, local_epochs: int, batch_size: int | None,
                  index: int = 0, privacy: PrivacyConfig | None = None):
@@ -45,12 +45,13 @@ class FedAvgClient(MaskedParty, Party):
         self.local_epochs = local_epochs
         self.batch_size = batch_size
         self.privacy = privacy or PrivacyConfig()
-        self.masker = MaskingClient.create(index) if self.privacy.secure_aggregation else None
+        self.secagg = SecAggClient.create(index) if self.privacy.secure_aggregation else None
+        self.release = PrivateRelease(self.privacy.dp, seed) if self.privacy.dp is not None else None
 
-    @rpc(state="model", participants="index",
-         returns={"state": "model", "num_train": "control", "loss": "control", "masked": "model"})
-    def train(self, state: dict[str, torch.Tensor], participants: torch.Tensor | None = None,
-              round_index: int = 0) -> dict[str, Any]:
+    @rpc(state="model", summands="control", returns={"state": "model", "num_train": "control", "loss": "control"})
+    def train(self, state: dict[str, torch.Tensor], summands: int = 0) -> dict[str, Any]:
+        """Local training from ``state``; the model is returned, or under secure aggregation kept
+        encoded for the secure sum of ``summands`` clients that follows."""
         self.trainer.set_state(state)
         loss = self.trainer.train_epochs(self.local_epochs, self.batch_size) if self.num_train else 0.0
         trained = self.trainer.get_state()
@@ -58,9 +59,10 @@ class FedAvgClient(MaskedParty, Party):
             return {"state": trained, "num_train": self.num_train, "loss": loss}
         reply = private_reply(flat_state(trained).unsqueeze(0), flat_state(state).unsqueeze(0),
                               torch.tensor([self.num_train]), torch.tensor([loss], dtype=torch.float64),
-                              self.privacy, [None], [self.masker], participants, round_index)
-        if "masked" in reply:
-            return {"masked": reply["masked"][0]}
+                              self.privacy, [self.release], summands)
+        if "encoded" in reply:
+            self.secure_value = reply["encoded"][0]
+            return {}
         return {"state": state_from_row(reply["state"][0], trained), "num_train": self.num_train, "loss": loss}
 
 
@@ -85,24 +87,11 @@ class FedAvgGroup(Party):
         self.num_train = torch.tensor([c.num_train for c in clients])
         self.local_epochs = local_epochs
         self.privacy = privacy or PrivacyConfig()
-        self.maskers = [c.masker for c in clients]
+        self.releases = [c.release for c in clients]  # each member's own noise stream
 
-    @rpc(returns=Rows("control"))
-    def public_key(self) -> torch.Tensor:
-        """Every member's public key, one row each."""
-        return torch.stack([m.public_key() for m in self.maskers])
-
-    @rpc(public_keys=Rows("control"))
-    def agree(self, public_keys: torch.Tensor) -> None:
-        """``public_keys[m]``: the relayed table of all clients' keys, as member ``m`` receives it."""
-        for masker, table in zip(self.maskers, public_keys):
-            masker.agree(table)
-
-    @rpc(state=Rows("model"), users="index", participants="index",
-         returns={"state": Rows("model"), "num_train": Rows("control"), "loss": Rows("control"),
-                  "masked": Rows("model")})
-    def train(self, state: torch.Tensor, users: torch.Tensor | None = None, participants: torch.Tensor | None = None,
-              round_index: int = 0) -> dict[str, torch.Tensor]:
+    @rpc(state=Rows("model"), users="index",
+         returns={"state": Rows("model"), "num_train": Rows("control"), "loss": Rows("control")})
+    def train(self, state: torch.Tensor, users: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """``state`` holds one ``flat_state`` row per listed member (``users``; None = all)."""
         self.trainer.set_rows(state, users)
         num_train = self.num_train if users is None else self.num_train[users]
@@ -112,5 +101,4 @@ class FedAvgGroup(Party):
         if bool(training.any()):
             loss[training] = self.trainer.train_epochs(self.local_epochs, members[training]).double()
         return private_reply(self.trainer.get_rows(users), state, num_train, loss, self.privacy,
-                             [self.trainer.members[m].generator for m in members.tolist()],
-                             [self.maskers[m] for m in members.tolist()], participants, round_index)
+                             [self.releases[m] for m in members.tolist()], 0)

@@ -25,6 +25,6 @@ fixed-point encoded and pairwise masked (``fedgl.privacy.secure_aggregation``), 
 only the mean it forwards. Every client receives every aggregation call, so each client counts its
 masked messages and the count, identical at all clients, freshens the masks. With ``privacy.dp`` each
 node's row of every H_m^+ a client sends (training and joint inference) is clipped to ``max_norm`` and
-noised before it leaves (before masking), and the server counts every node's releases
-(``ReleaseAccountant``, docs/privacy.md).
+noised before it leaves (before masking, ``PrivateRelease``), and the server charges every release of n
+rows to every node (``DPAccountant``: the rows come from a locally trained model, docs/privacy.md).
 """

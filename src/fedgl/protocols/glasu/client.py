@@ -26,7 +26,7 @@ from ...models.split_vertical import (
     sample_below,
 )
 from ...optim import make_optimizer
-from ...privacy.dp import clip, gaussian, noise_generator
+from ...privacy.dp import PrivateRelease
 from ...privacy.secure_aggregation import MaskedParty, MaskingClient, encode
 
 
@@ -44,6 +44,7 @@ class GlasuClient(MaskedParty, Party):
     Between the calls of one GLASU round it keeps its sampled sets, its forward pass (with the autograd
     graph of the joint inference, reused for the first local step) and the stored H_{-m}.
     """
+
 
     def __init__(self, name: str, seed: int, index: int, num_clients: int, x: Tensor, edge_index: Tensor,
                  y: Tensor | None, train_mask: Tensor, model: ModelConfig, train: TrainConfig, num_classes: int,
@@ -69,12 +70,12 @@ class GlasuClient(MaskedParty, Party):
         self.masker = MaskingClient.create(index) if opts["secure_aggregation"] else None
         self.masked_sent = 0  # masked messages so far: the same count at every client
         self.dp = opts["dp"]
-        self.noise = noise_generator(seed) if self.dp is not None else None
+        self.private = PrivateRelease(self.dp, seed) if self.dp is not None else None
         self._reset()
 
     def _release(self, h: Tensor) -> Tensor:
         """H_m^+ as the others may see it: under DP every node's row clipped to ``max_norm`` and noised."""
-        return h if self.dp is None else gaussian(clip(h, self.dp.max_norm), self.dp, self.noise)
+        return h if self.dp is None else self.private(h)
 
     def _send(self, h: Tensor) -> Tensor:
         """H_m^+ as it leaves the client: plain, or encoded and masked for secure aggregation."""

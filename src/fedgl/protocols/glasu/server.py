@@ -14,7 +14,7 @@ from ...errors import ConfigError
 from ...evaluation import Evaluator
 from ...models.split_vertical import aggregate, backbone_options, check_width
 from ...partition import partition_vertical
-from ...privacy.dp import ReleaseAccountant
+from ...privacy.dp import SUBSTITUTION, VERTICAL_ROWS, DPAccountant
 from ...privacy.secure_aggregation import decode, exchange_keys, ring_sum
 from ..base import Protocol
 from .client import GlasuClient, draw
@@ -69,7 +69,9 @@ class Glasu(Protocol):
                               "backward exact or a label holder (partition.label_holder) sends; use backward local "
                               "and labels at every client")
         self.num_nodes = data.num_nodes
-        self.accountant = ReleaseAccountant(cfg.privacy.dp, data.num_nodes) if cfg.privacy.dp is not None else None
+        # every node has a block at every client: one accounting owner for all of them
+        self.accountant = (DPAccountant(cfg.privacy.dp, torch.zeros(data.num_nodes), VERTICAL_ROWS)
+                           if cfg.privacy.dp is not None else None)
         # One client (centralized) holds everything: every aggregation is the identity, nothing is sent.
         self.alone = not self.levels or M == 1
         self.clients = self.transport.spawn(GlasuClient, [
@@ -113,8 +115,14 @@ class Glasu(Protocol):
         return {"train_loss": sum(losses) / len(losses), "embedding_rows": float(rows), **self.spent()}
 
     def spent(self) -> dict[str, float]:
-        """DP: epsilon so far (the most released node's rows, every release a Gaussian event)."""
-        return {} if self.accountant is None else {"epsilon": self.accountant.epsilon()}
+        """DP: epsilon so far, for any one node (every release costs every node the same)."""
+        return {} if self.accountant is None else self.accountant.epsilons()
+
+    def charge(self, sizes: list[int]) -> None:
+        """DP: every client releases a set of n rows per entry of ``sizes``, each set at most 2 sqrt(n)
+        max_norm from its neighbour in L2, for any node."""
+        rows = torch.tensor(sizes, dtype=torch.float64).repeat(len(self.clients))
+        self.accountant.charge(clients=torch.zeros(rows.numel()), multiple=SUBSTITUTION * rows.sqrt())
 
     def _glasu_round(self) -> tuple[float, int]:
         """One mini-batch: sampling with unions, joint inference, Q local updates. Returns the loss and
@@ -132,7 +140,7 @@ class Glasu(Protocol):
             args = [{"targets": top} for _ in clients]
             sets.append(top)
         if self.accountant is not None:  # every client sends one row per node of every level's set
-            self.accountant.record(torch.cat(sets))
+            self.charge([s.numel() for s in sets])
         outs = t.call_many(clients, "forward", per_target=args)
         rows, stack = 0, []
         exact = self.opts.backward == "exact"
@@ -182,7 +190,7 @@ class Glasu(Protocol):
         if self.alone:
             return torch.stack([r["logits"] for r in t.call_many(self.heads, "infer")]).mean(0)
         if self.accountant is not None:  # joint inference sends every node's row at every level
-            self.accountant.record(torch.arange(self.num_nodes).repeat(len(self.levels)))
+            self.charge([self.num_nodes] * len(self.levels))
         outs = t.call_many(self.clients, "infer")
         for level in self.levels:
             h = self._aggregate([o["h"] for o in outs])
@@ -192,15 +200,13 @@ class Glasu(Protocol):
 
     # ---- results and checkpoints -------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
-        if self.accountant is None:
-            return {}
-        return {"epsilon": self.accountant.epsilon(), "delta": self.accountant.delta}
+        return {} if self.accountant is None else self.accountant.summary()
 
     def state_dict(self) -> dict[str, Any]:
-        dp = {"dp_releases": self.accountant.releases.clone()} if self.accountant is not None else {}
+        dp = {"dp": self.accountant.state()} if self.accountant is not None else {}
         return super().state_dict() | dp
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         if self.accountant is not None:
-            self.accountant.releases = state["dp_releases"].clone()
+            self.accountant.load_state(state["dp"])

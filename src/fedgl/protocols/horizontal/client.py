@@ -14,9 +14,11 @@ from ...config import ModelConfig, TrainConfig
 from ...models import select_rows
 from ...models.split_horizontal import source_scale
 from ...privacy import PrivacyConfig
-from ...privacy.dp import clip, gaussian, noise_generator
-from ...privacy.secure_aggregation import MaskedParty, MaskingClient, RequestMasking, decode, encode
+from ...privacy.dp import PrivateRelease
+from ...privacy.bonawitz import SecAggClient
+from ...privacy.secure_aggregation import RequestMasking, decode, encode
 from ...sampling import CSR
+from ..aggregation import SecureGradientSumParty
 from .plan import OwnerPlan
 from .routing import OWN
 from .shared import HorizontalClient, sample_hop
@@ -33,8 +35,9 @@ def dense_rows(h: Tensor, index: Tensor) -> Tensor:
 
 
 # ---- the client ----------------------------------------------------------------------------------
-class CrossClient(MaskedParty, HorizontalClient):
+class CrossClient(SecureGradientSumParty, HorizontalClient):
     """A client holding one horizontal shard: trains on it and serves partial sums to others."""
+
 
     def __init__(self, name: str, seed: int, shard: Any, model: ModelConfig, train: TrainConfig,
                  num_features: int, num_classes: int, batch_size: int | None, fanouts: list[int],
@@ -42,8 +45,8 @@ class CrossClient(MaskedParty, HorizontalClient):
                  index: int = 0):
         super().__init__(name, seed, shard, model, num_features, num_classes)
         self.privacy = privacy or PrivacyConfig()
-        self.masker = MaskingClient.create(index) if self.privacy.secure_aggregation else None
-        self.noise = noise_generator(seed) if self.privacy.dp is not None else None
+        self.secagg = SecAggClient.create(index) if self.privacy.secure_aggregation else None
+        self.private = PrivateRelease(self.privacy.dp, seed) if self.privacy.dp is not None else None
         self.train_cfg = train
         self.batch_size = batch_size
         self.fanouts = list(fanouts)
@@ -103,42 +106,40 @@ class CrossClient(MaskedParty, HorizontalClient):
         grads = {name: p.grad.detach().clone() for name, p in self.model.named_parameters()}
         return {"gradient": grads, "loss": float(loss.detach())}
 
-    def _upload(self, out: dict[str, Any], round_index: int | None) -> dict[str, Any]:
+    def _upload(self, out: dict[str, Any]) -> dict[str, Any]:
         """The gradient as it leaves the client: with DP clipped to ``max_norm`` and noised; with secure
-        aggregation the fixed-point row ``[w * gradient, w, w * loss]`` (w = 1, or 0 for a client
-        without training nodes), masked with every other client's pairwise masks for this iteration."""
+        aggregation nothing: the fixed-point row ``[w * gradient, w, w * loss]`` (w = 1, or 0 for a
+        client without training nodes) is kept for the iteration's secure sum over all clients."""
         if not self.privacy.requested():
             return out
         flat = torch.cat([g.flatten() for g in out["gradient"].values()]) if out else \
             torch.cat([p.detach().flatten() for p in self.model.parameters()]).zero_()
         if self.privacy.dp is not None and out:
-            flat = gaussian(clip(flat.unsqueeze(0), self.privacy.dp.max_norm)[0], self.privacy.dp, self.noise)
-        if self.masker is None:
+            flat = self.private(flat.unsqueeze(0))[0]
+        if self.secagg is None:
             sizes = [g.numel() for g in out["gradient"].values()]
             return out | {"gradient": {name: part.view_as(g) for (name, g), part in
                                        zip(out["gradient"].items(), flat.split(sizes))}}
         values = torch.cat([flat.double(), torch.tensor([1.0, out.get("loss", 0.0)], dtype=torch.float64)])
-        encoded = encode(values.unsqueeze(0), torch.tensor([1 if out else 0]), self.masker.num_clients)
-        return {"masked": self.masker.mask(encoded[0], None, round_index)}
+        self.secure_value = encode(values.unsqueeze(0), torch.tensor([1 if out else 0]), len(self.secagg.peers))[0]
+        return {}
 
     # ---- remote calls --------------------------------------------------------------------------
-    @rpc(state="model", returns={"gradient": "gradient", "loss": "control", "targets": "index", "ids": "index",
-                                 "masked": "gradient"})
-    def begin(self, state: dict[str, Tensor], mode: str, round_index: int | None = None) -> dict[str, Any]:
+    @rpc(state="model", returns={"gradient": "gradient", "loss": "control", "targets": "index", "ids": "index"})
+    def begin(self, state: dict[str, Tensor], mode: str) -> dict[str, Any]:
         """Start an iteration with the global parameters: 'local' (Algorithm 3) returns a gradient;
         'cross' (Algorithm 2) returns the batch's remote picks; 'reuse' recomputes the last
-        cross-client neighbourhood with the remote sums received then (FedGNN-PNS). ``round_index``
-        (secure aggregation) seeds this iteration's masks."""
+        cross-client neighbourhood with the remote sums received then (FedGNN-PNS)."""
         self.model.load_state_dict(state)
         self.plans = {}
-        if self.train_idx.numel() == 0:  # masked, an empty client still sends its (zero) share
-            return self._upload({}, round_index) if self.masker is not None else {}
+        if self.train_idx.numel() == 0:  # under secure aggregation an empty client still adds its (zero) share
+            return self._upload({}) if self.secagg is not None else {}
         if mode == "reuse":  # never a silent fallback to local training
             if self.reuse is None:
                 raise RuntimeError(f"{self.name} has no cross-client neighbourhood to reuse; sample one first")
-            return self._upload(self._gradient(self.reuse.reusable()), round_index)
+            return self._upload(self._gradient(self.reuse.reusable()))
         if mode != "cross":
-            return self._upload(self._gradient(self._local_plan()), round_index)
+            return self._upload(self._gradient(self._local_plan()))
         plan, picks = self._own_plan(self.full_csr)
         self.plans[OWN] = plan
         return picks
@@ -193,7 +194,7 @@ class CrossClient(MaskedParty, HorizontalClient):
             scale = source_scale(self.model, plan.degree[plan.nodes[layer - 1][src]])
             rows = rows if scale is None else rows * scale
             if self.privacy.dp is not None:  # every row's influence on a sum bounded by max_norm
-                rows = clip(rows, self.privacy.dp.max_norm)
+                rows = self.private.clip(rows)
             npairs = int(pair.max()) + 1
             total = torch.zeros(npairs, rows.size(1)).index_add_(0, pair, rows)
             size = torch.bincount(pair, minlength=npairs)
@@ -203,7 +204,7 @@ class CrossClient(MaskedParty, HorizontalClient):
                 nonzero = torch.bincount(pair, weights=(rows != 0).any(1).double(), minlength=npairs)
                 size[nonzero < self.min_aggregate] = 0
             if self.privacy.dp is not None:
-                total = gaussian(total, self.privacy.dp)
+                total = self.private.noised(total)
             if plan.masking is not None:  # fixed point, masked for the recipient: the server learns nothing
                 encoded = encode(total, torch.ones(npairs, dtype=torch.long), len(plan.masking.peers))
                 total = plan.masking.mask(encoded, mask_to[trainer], layer)
@@ -214,10 +215,9 @@ class CrossClient(MaskedParty, HorizontalClient):
             sums[trainer], sizes[trainer] = total.detach(), size
         return {"sums": sums, "counts": sizes}
 
-    @rpc(remote="embedding", counts="index", unmask="index",
-         returns={"gradient": "gradient", "loss": "control", "masked": "gradient"})
+    @rpc(remote="embedding", counts="index", unmask="index", returns={"gradient": "gradient", "loss": "control"})
     def finish(self, remote: dict[str, Tensor], counts: dict[str, Tensor], keep: bool = False,
-               unmask: dict[str, Tensor] | None = None, round_index: int | None = None) -> dict[str, Any]:
+               unmask: dict[str, Tensor] | None = None) -> dict[str, Any]:
         """Eq. (7)-(8) on the batch with the last layer's cross-owner sums; return the gradient."""
         self._store(self.levels, remote, counts, unmask)
         plan = self.plans[OWN]
@@ -226,7 +226,7 @@ class CrossClient(MaskedParty, HorizontalClient):
             self.reuse = plan.reusable()
         if not self.remote_backprop:
             self.plans = {}
-        return self._upload(out, round_index)
+        return self._upload(out)
 
     @rpc(grads="gradient", returns={"sums": "gradient", "gradient": "gradient"})
     def backward(self, level: int, grads: dict[str, Tensor] | None = None) -> dict[str, Any]:

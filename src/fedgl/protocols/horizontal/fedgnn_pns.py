@@ -67,7 +67,7 @@ class FedGNNPNS(CrossClientProtocol):
             self.next_sampling = t + interval(self.opts, self.samplings)
             self.samplings += 1
         modes = ["cross" if sampling else "reuse"] * len(self.clients)
-        return self.iterate(round_index, modes, keep=sampling) | {"cross_clients": float(len(self.clients) * sampling)}
+        return self.iterate(modes, keep=sampling) | {"cross_clients": float(len(self.clients) * sampling)}
 
     def state_dict(self) -> dict[str, Any]:
         return super().state_dict() | {"next_sampling": self.next_sampling, "samplings": self.samplings}

@@ -50,6 +50,11 @@ class LLCGClient(CrossClient):
     """A cross-client party that also trains on its own with a persistent optimiser and answers the
     server's requests for neighbour lists and rows."""
 
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        # made with the party, not at its first step, so a checkpoint's Adam moments have a place to load into
+        self.optimizer = make_optimizer(self.model.parameters(), self.train_cfg)
+
     @rpc(state="model", returns={"state": "model", "num_train": "control", "loss": "control"})
     def local(self, state: dict[str, Tensor] | None = None, upload: bool = False) -> dict[str, Any]:
         """One local iteration (Algorithm 3 with a local optimiser step); optionally upload the model."""
@@ -57,8 +62,6 @@ class LLCGClient(CrossClient):
             self.model.load_state_dict(state)
         out: dict[str, Any] = {"num_train": int(self.train_idx.numel())}
         if self.train_idx.numel():
-            if self.optimizer is None:
-                self.optimizer = make_optimizer(self.model.parameters(), self.train_cfg)
             self.optimizer.zero_grad()
             loss = self._loss(self._local_plan())
             loss.backward()

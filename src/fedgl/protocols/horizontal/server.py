@@ -36,9 +36,11 @@ sends its count (0) and no vector.
 Requests travel under per-round random handles (``routing.Handles``): no owner learns which client
 trains. Privacy options (docs/privacy.md, Swift-FedGNN): with ``secure_aggregation`` the parties of a
 request agree on fresh keys after sampling and every partial sum travels in fixed point, masked so that
-only its recipient (the target's owner) can remove the masks from the total the server forwards; with
-``dp`` every row an owner sums is clipped and every partial sum noised, and the server counts the
-noised releases each node's row went into (``ReleaseAccountant``).
+only its recipient (the target's owner) can remove the masks from the total the server forwards, and
+the gradient uploads are averaged by ``protocols/aggregation.py``'s ``secure_sum``; with ``dp`` every
+row an owner sums is clipped and every partial sum noised (``PrivateRelease``), and the server charges
+each sum to the nodes it may carry (``DPAccountant``: a raw row to its node, a sum of n computed rows n
+times over to every node of its owner).
 """
 
 from __future__ import annotations
@@ -56,12 +58,14 @@ from ...comm.payload import nbytes
 from ...config import ModelConfig
 from ...errors import ConfigError
 from ...evaluation import Evaluator
+from ...models import make_model
 from ...models.graph import canonical_model_name
 from ...models.split_horizontal import SPLITTABLE, first_linear
-from ...optim import make_model, make_optimizer
+from ...optim import make_optimizer
 from ...partition import horizontal_from_config
-from ...privacy.dp import Accountant, ReleaseAccountant
-from ...privacy.secure_aggregation import decode, exchange_keys, ring_sum
+from ...privacy.dp import NODE_EXCHANGE, SUBSTITUTION, DPAccountant
+from ...privacy.secure_aggregation import MIN_PARTICIPANTS
+from ..aggregation import secure_sum, trust_identities
 from ..base import Protocol, ProtocolOptions
 from .client import CrossClient
 from .routing import Assembly, Handles, LayerRoute, Router
@@ -114,6 +118,7 @@ class CrossClientProtocol(Protocol):
     Options = CrossClientOptions
     client_class: type[CrossClient] = CrossClient
     models: tuple[str, ...] = SPLITTABLE
+    sums = 0  # secure sums of the gradient uploads run so far (also when set up from a shard folder)
     # The calls (and their kinds; None = all) whose traffic exists only because of cross-client
     # neighbours: sampled ids, partial sums, counts and remote gradients, never the model exchange.
     cross_traffic: dict[str, tuple[str, ...] | None] = {
@@ -142,17 +147,19 @@ class CrossClientProtocol(Protocol):
             raise ConfigError(f"privacy.{privacy.requested()[0]} covers the partial sums sent forward; the gradients "
                               f"remote_backprop sends back are neither masked nor noised: set "
                               f"protocol.remote_backprop: false")
-        if privacy.secure_aggregation and len(self.clients) < 2:
-            raise ConfigError(f"{self.name}: privacy.secure_aggregation needs at least 2 clients, got "
-                              f"{len(self.clients)} (partition.num_clients)")
+        if privacy.secure_aggregation and len(self.clients) < MIN_PARTICIPANTS:
+            raise ConfigError(f"{self.name}: privacy.secure_aggregation needs at least {MIN_PARTICIPANTS} clients, "
+                              f"got {len(self.clients)} (partition.num_clients)")
+        if privacy.secure_aggregation and privacy.secure_threshold(len(self.clients)) > len(self.clients):
+            raise ConfigError(f"{self.name}: privacy.secure_aggregation threshold "
+                              f"{privacy.secure_threshold(len(self.clients))} exceeds the {len(self.clients)} clients")
         dp = privacy.dp
-        self.accountant = ReleaseAccountant(dp, part.owner.numel()) if dp is not None else None
-        # One Gaussian gradient upload per client and iteration, composed with the row releases.
-        self.uploads = Accountant(dp) if dp is not None else None
+        # Gradient uploads (every client, every iteration) and the exchanged sums, composed per node.
+        self.accountant = DPAccountant(dp, part.owner, NODE_EXCHANGE, ("model", "embedding")) if dp else None
 
     def start(self) -> None:
-        if self.cfg.privacy.secure_aggregation:  # pairwise keys for the masked gradient uploads
-            exchange_keys(self.transport, self.clients)
+        if self.cfg.privacy.secure_aggregation:  # the identities the gradient sums' keys are signed with
+            trust_identities(self.transport, self.clients)
 
     def build(self, num_features: int, num_classes: int) -> None:
         with torch.random.fork_rng():
@@ -172,33 +179,30 @@ class CrossClientProtocol(Protocol):
         return options
 
     # ---- one iteration ---------------------------------------------------------------------------
-    def iterate(self, round_index: int, modes: list[str], keep: bool = False) -> dict[str, float]:
+    def iterate(self, modes: list[str], keep: bool = False) -> dict[str, float]:
         """Every client starts from the global parameters in its mode; cross-client trainers then
-        run Algorithm 2 together; the server averages all gradients and takes one optimiser step."""
+        run Algorithm 2 together; the server averages all gradients (under secure aggregation from
+        their secure sum) and takes one optimiser step."""
         state = self.model.state_dict()
-        masking = {"round_index": round_index} if self.cfg.privacy.secure_aggregation else {}
-        if self.uploads is not None:  # counted before any client releases its gradient
-            self.uploads.step(1.0)
+        if self.accountant is not None:  # counted before any client releases its gradient
+            self.accountant.charge("model", clients=torch.arange(len(self.clients)))
         replies = self.transport.call_many(self.clients, "begin", per_target=[{"mode": m} for m in modes],
-                                           state=state, **masking)
-        results = [r for r in replies if "gradient" in r or "masked" in r]
+                                           state=state)
+        results = [r for r in replies if "gradient" in r]
         trainers = {name: r for name, r, m in zip(self.clients, replies, modes) if m == "cross" and "targets" in r}
         remote_share = None
         if trainers:
-            crossed, remote_share = self.cross_chain(trainers, keep, masking)
+            crossed, remote_share = self.cross_chain(trainers, keep)
             results += crossed
-        stats = self.apply(results, remote_share)
+        stats = self.apply_secure() if self.cfg.privacy.secure_aggregation else self.apply(results, remote_share)
         return stats | self.epsilons()
 
     def epsilons(self) -> dict[str, float]:
         """DP: epsilon so far for one node's data, over its client's gradient uploads and its own row's
         releases in the exchanged sums (and each part alone)."""
-        if self.accountant is None:
-            return {}
-        return {"epsilon": self.accountant.epsilon(self.uploads.rates), "epsilon_model": self.uploads.epsilon(),
-                "epsilon_embedding": self.accountant.epsilon()}
+        return {} if self.accountant is None else self.accountant.epsilons()
 
-    def cross_chain(self, trainers: dict[str, dict[str, Tensor]], keep: bool, masking: dict[str, int] | None = None
+    def cross_chain(self, trainers: dict[str, dict[str, Tensor]], keep: bool
                     ) -> tuple[list[dict[str, Any]], dict[str, Tensor] | None]:
         """Algorithm 2 for all ``trainers`` at once (their first-hop picks given): sampling down the
         levels, one aggregation phase per layer, then each trainer's loss and gradient; with
@@ -235,8 +239,8 @@ class CrossClientProtocol(Protocol):
         finish = [{"remote": remote.get(c, {}), "counts": counts.get(c, {})}
                   | ({"unmask": unmask.get(c, {})} if peer_of is not None else {}) for c in names]
         results = [r for r in self.transport.call_many(names, "finish", per_target=[
-            {key: handles.to(c, v) for key, v in call.items()} for c, call in zip(names, finish)], keep=keep,
-            **(masking or {})) if "gradient" in r or "masked" in r]
+            {key: handles.to(c, v) for key, v in call.items()} for c, call in zip(names, finish)], keep=keep)
+            if "gradient" in r]
         if not (getattr(self.opts, "remote_backprop", False) and self.levels > 1):
             return results, None
         grads: dict[str, dict] = {}
@@ -283,7 +287,7 @@ class CrossClientProtocol(Protocol):
         if layer == 1:
             self.count_withheld(requests[1], sizes)
         if self.accountant is not None:
-            self.record_releases(routes, sizes)
+            self.record_releases(layer, routes, sizes)
         if peer_of is not None:
             unmask = self.senders(routes, channels, peer_of, sizes)
         return *assembly.result(), sizes, unmask
@@ -377,10 +381,20 @@ class CrossClientProtocol(Protocol):
         owners = [self.clients[c] for c in route.pair_counts.nonzero().flatten().tolist()]
         return torch.cat([sizes[c][trainer] for c in owners]) > 0
 
-    def record_releases(self, routes: dict[str, LayerRoute], sizes: dict[str, dict]) -> None:
-        """DP: one release for every node whose row is in a noised sum that was sent."""
-        for trainer, route in routes.items():
-            self.accountant.record(route.pick_ids[self.released(route, trainer, sizes)[route.pick_pair]])
+    def record_releases(self, layer: int, routes: dict[str, LayerRoute], sizes: dict[str, dict]) -> None:
+        """DP: a first-layer sum that was sent is a release of each raw row in it (sensitivity 2 C); a
+        hidden-layer sum of n rows may carry any node of its owner in every row (2 n C), so it is charged
+        to all of them."""
+        if layer == 1:
+            for trainer, route in routes.items():
+                sent = self.released(route, trainer, sizes)[route.pick_pair]
+                self.accountant.charge("embedding", nodes=route.pick_ids[sent])
+            return
+        for owner, by_trainer in sizes.items():
+            counts = torch.cat([torch.zeros(0, dtype=torch.long), *by_trainer.values()])
+            counts = counts[counts > 0].double()
+            self.accountant.charge("embedding", clients=torch.full(counts.shape, self.router.index[owner]),
+                                   multiple=SUBSTITUTION * counts)
 
     def count_withheld(self, requests: dict[str, dict], sizes: dict[str, dict]) -> None:
         """First-layer pairs (and the picks in them) that their owner withheld (count 0)."""
@@ -392,22 +406,28 @@ class CrossClientProtocol(Protocol):
                 self.first_layer["picks"] += int(picks.sum())
                 self.first_layer["withheld_picks"] += int(picks[size == 0].sum())
 
+    def apply_secure(self) -> dict[str, float]:
+        """``apply`` from the secure sum [Σ gradient, clients, Σ loss] of every client's kept row."""
+        self.sums += 1  # each secure sum's label, never used twice
+        n = len(self.clients)
+        threshold = self.cfg.privacy.secure_threshold(n)
+        total, _ = secure_sum(self.transport, self.clients, list(range(n)), self.sums, threshold)
+        count = float(total[-2])
+        if count <= 0:
+            return {"train_loss": math.nan}
+        self.optimizer.zero_grad()
+        params = list(self.model.parameters())
+        for p, g in zip(params, total[:-2].split([p.numel() for p in params])):
+            p.grad = (g / count).to(p.dtype).view_as(p)
+        self.optimizer.step()
+        return {"train_loss": float(total[-1]) / count, "clients": count}
+
     def apply(self, results: list[dict[str, Any]], remote_share: dict[str, Tensor] | None = None) -> dict[str, float]:
         """θ ← θ − α · mean of the clients' gradients (through the configured optimiser); a trainer's
         gradient includes the remote owners' share when they backpropagate (summed over trainers)."""
         if not results:
             return {"train_loss": math.nan}
         self.optimizer.zero_grad()
-        if "masked" in results[0]:  # secure aggregation: only the sum [sum gradient, clients, sum loss]
-            total = decode(ring_sum(torch.stack([r["masked"] for r in results])))
-            count = float(total[-2])
-            if count <= 0:
-                return {"train_loss": math.nan}
-            params = list(self.model.parameters())
-            for p, g in zip(params, total[:-2].split([p.numel() for p in params])):
-                p.grad = (g / count).to(p.dtype).view_as(p)
-            self.optimizer.step()
-            return {"train_loss": float(total[-1]) / count, "clients": count}
         for name, p in self.model.named_parameters():
             total = torch.stack([r["gradient"][name] for r in results]).sum(0)
             p.grad = (total + remote_share[name] if remote_share else total) / len(results)
@@ -429,7 +449,7 @@ class CrossClientProtocol(Protocol):
             if kinds is None or row["kind"] in kinds:
                 per_round[row["round"]] = per_round.get(row["round"], 0) + row["bytes"]
         first = self.first_layer
-        dp = {} if self.accountant is None else self.epsilons() | {"delta": self.accountant.delta}
+        dp = {} if self.accountant is None else self.accountant.summary()
         return {
             "bytes_cross_client": sum(per_round.values()),
             "cross_client_iterations": sum(1 for b in per_round.values() if b),
@@ -438,16 +458,15 @@ class CrossClientProtocol(Protocol):
         } | dp
 
     def state_dict(self) -> dict[str, Any]:
-        dp = {"dp_releases": self.accountant.releases.clone(),
-              "dp_rates": list(self.uploads.rates)} if self.accountant is not None else {}
+        dp = {"dp": self.accountant.state()} if self.accountant is not None else {}
         return super().state_dict() | {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                                       "first_layer": dict(self.first_layer)} | dp
+                                       "first_layer": dict(self.first_layer), "sums": self.sums} | dp
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.first_layer = dict(state["first_layer"])
+        self.sums = state.get("sums", 0)  # a checkpoint from before secure sums had labels
         if self.accountant is not None:
-            self.accountant.releases = state["dp_releases"].clone()
-            self.uploads.rates = list(state["dp_rates"])
+            self.accountant.load_state(state["dp"])

@@ -17,8 +17,7 @@ from torch import Tensor
 from ... import device as devices
 from ...comm import Party
 from ...config import ModelConfig
-from ...models import as_model_input
-from ...optim import make_model
+from ...models import as_model_input, make_model
 from ...sampling import CSR, sample_neighbors
 
 FEATURE_DENSITY = 0.1  # feature matrices sparser than this are computed on as sparse rows

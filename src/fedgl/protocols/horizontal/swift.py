@@ -51,7 +51,7 @@ class SwiftFedGNN(CrossClientProtocol):
 
     def train_round(self, round_index: int) -> dict[str, float]:
         modes = self.modes(round_index - 1)
-        return self.iterate(round_index, modes) | {"cross_clients": float(modes.count("cross"))}
+        return self.iterate(modes) | {"cross_clients": float(modes.count("cross"))}
 
 
 class FedGNNG(SwiftFedGNN):

@@ -17,7 +17,6 @@ from torch import Tensor
 
 from ...comm import Rows, rpc
 from ...models.split_node import BatchedOptimizer, pick
-from ...privacy.dp import clip, gaussian
 from .nfedgnn import NFedGNN, SplitOptions, UserPopulation
 
 MB = 2**20
@@ -28,7 +27,7 @@ class CNFGNNOptions(SplitOptions):
                                                     "config runs as CNFGNN with protocol.lam=0")
     regulariser: Literal["per_label", "raw"] = Field("raw", description="accepted for the same reason; no effect")
     message_mb: float = Field(
-        1024, gt=0, description="largest single message of per-user models, in MiB; the model upload and "
+        1024.0, gt=0, description="largest single message of per-user models, in MiB; the model upload and "
                                 "broadcast of a large population are sent in several calls of at most this size")
 
 
@@ -65,7 +64,7 @@ class ModelSharingUsers(UserPopulation):
         if self.dp is None:
             return out
         update = (out - self.reference).flatten(1)
-        return self.reference + gaussian(clip(update, self.dp.max_norm), self.dp, self.noise).view_as(out)
+        return self.reference + self.private(update).view_as(out)
 
     @rpc(model=Rows("model"), users="index")
     def receive(self, model: Tensor, users: Tensor | None = None) -> None:
@@ -106,8 +105,7 @@ class CNFGNN(NFedGNN):
 
     def train_round(self, round_index: int) -> dict[str, float]:
         if self.accountant is not None:  # every user releases a noised latent and a noised weight update
-            self.accountant.step(1.0)
-            self.accountant.step(1.0)
+            self.accountant.charge(nodes=torch.arange(self.num_users).repeat(2))
         latents = self.transport.call(self.users, "embed")
         stats, grad = self.server_step(latents, None)
         self.transport.call(self.users, "update", grad=grad)

@@ -42,7 +42,7 @@ from ...models.split_node import (
 )
 from ...partition import partition_node_level
 from ...privacy.config import DPConfig
-from ...privacy.dp import Accountant, clip, gaussian, noise_generator
+from ...privacy.dp import USER_ROWS, DPAccountant, PrivateRelease
 from ...optim import make_optimizer
 from ..base import Protocol, ProtocolOptions
 
@@ -83,7 +83,7 @@ class UserPopulation(Party):
                  decoupled_decay: bool, shared_init: bool, normalize_features: bool, dp: DPConfig | None = None):
         super().__init__(name, seed)
         self.dp = dp  # with DP every latent is clipped and noised before it leaves its user (``release``)
-        self.noise = noise_generator(seed) if dp is not None else None
+        self.private = PrivateRelease(dp, seed) if dp is not None else None
         self.features = UserFeatures.from_dense(user_x, normalize_features)
         self.weight, self.initial = init_support_weights(self.features, latent_dim, shared_init)
         self.optimizer = BatchedOptimizer(self.weight, self.features.row, self.features.num_users, train.optimizer,
@@ -131,7 +131,7 @@ class UserPopulation(Party):
         were the identity)."""
         if self.dp is None:
             return latents
-        return gaussian(clip(latents.detach(), self.dp.max_norm), self.dp, self.noise)
+        return self.private(latents.detach())
 
     def state_nbytes(self) -> int:
         """Memory held for the users' weights, optimiser state and features."""
@@ -180,7 +180,8 @@ class NFedGNN(Protocol):
             dropout=self.opts.user_dropout, train=self.cfg.train, normalize_features=self.opts.normalize_features,
             decoupled_decay=self.opts.user_weight_decay == "decoupled", dp=self.cfg.privacy.dp,
             **self.user_options())])[0]
-        self.accountant = Accountant(self.cfg.privacy.dp) if self.cfg.privacy.dp is not None else None
+        dp = self.cfg.privacy.dp  # one release per user and round it takes part in, and per scoring
+        self.accountant = DPAccountant(dp, torch.arange(self.num_users), USER_ROWS) if dp is not None else None
         self.place()
 
     def user_options(self) -> dict[str, Any]:
@@ -211,7 +212,7 @@ class NFedGNN(Protocol):
     def train_round(self, round_index: int) -> dict[str, float]:
         users = self.sample_users()
         if self.accountant is not None:  # each participant releases one noised latent
-            self.accountant.step(1.0 if users is None else users.numel() / self.num_users)
+            self.accountant.charge(nodes=torch.arange(self.num_users) if users is None else users)
         latents = self.transport.call(self.users, "embed", users=users)
         stats, grad = self.server_step(latents, users)
         self.transport.call(self.users, "update", grad=grad, users=users)
@@ -244,13 +245,13 @@ class NFedGNN(Protocol):
     def summary(self) -> dict[str, Any]:
         """The last round's training loss, so bench tables can show whether a protocol fits its labels;
         with DP, epsilon at delta over every release (training and scoring)."""
-        dp = {"epsilon": self.accountant.epsilon(), "delta": self.accountant.delta} if self.accountant else {}
+        dp = self.accountant.summary() if self.accountant else {}
         return {f"final_{key}": value for key, value in self.last_stats.items()} | dp
 
     @torch.no_grad()
     def predict(self, evaluator: Evaluator) -> Tensor:
         if self.accountant is not None:  # scoring needs every user's latent: one more release each
-            self.accountant.step(1.0)
+            self.accountant.charge(nodes=torch.arange(self.num_users))
         latents = self.transport.call(self.users, "infer").to(self.device)
         self.server.eval()
         with devices.working_on(self.device):
@@ -263,7 +264,7 @@ class NFedGNN(Protocol):
             "optimizer": self.server_optimizer.state_dict(),
             "latents": self.latents,
             "last_stats": self.last_stats,
-        } | ({"dp_rates": list(self.accountant.rates)} if self.accountant is not None else {})
+        } | ({"dp": self.accountant.state()} if self.accountant is not None else {})
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
@@ -272,4 +273,4 @@ class NFedGNN(Protocol):
         self.latents = state["latents"].to(self.device)  # checkpoints are read onto the CPU
         self.last_stats = state["last_stats"]
         if self.accountant is not None:
-            self.accountant.rates = list(state["dp_rates"])
+            self.accountant.load_state(state["dp"])

@@ -2,43 +2,36 @@
 
 One ``RunConfig`` describes a run. Sections shared by all protocols (dataset, partition, model,
 train, eval, backend, network) are typed here; the ``protocol`` section is validated by the chosen
-protocol's own ``Options`` model, so each protocol owns its settings.
+protocol's own ``Options`` model, found by name in ``registry``, so each protocol owns its settings.
+``identity`` holds a run's identity (flat keys, the config hash, what a resume may change).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import ConfigError
-from .options import Settings
-from .privacy.config import PrivacyConfig, PrivacySection
+from ..errors import ConfigError
+from ..options import Settings
+from ..privacy.config import PrivacyConfig, PrivacySection
+from .registry import REGISTRY, paper_training, protocol_class
 
 
 DEFAULT_PROTOCOL = "fedavg"
 
-# The protocol section is validated by the chosen protocol's own options model. The protocol
-# registry installs the validator when ``fedgl.protocols`` is imported (``fedgl`` does so), so this
-# module needs nothing from the protocols above it.
-_protocol_options: Callable[[dict[str, Any]], BaseModel] | None = None
-_training_defaults: Callable[[str, str, str], dict[str, Any]] | None = None
-
-
-def register_protocol_options(validate: Callable[[dict[str, Any]], BaseModel],
-                              training: Callable[[str, str, str], dict[str, Any]]) -> None:
-    """``validate`` checks a protocol section; ``training(protocol, model, optimizer)`` gives the
-    ``train`` settings the protocol's paper uses where they differ from the shared defaults."""
-    global _protocol_options, _training_defaults
-    _protocol_options, _training_defaults = validate, training
-
 
 def protocol_options(section: dict[str, Any]) -> BaseModel:
-    if _protocol_options is None:
-        raise RuntimeError("no protocol registry: import fedgl.protocols before validating a config")
-    return _protocol_options(section)
+    """A protocol section validated by its protocol's own options model (one line naming a bad key)."""
+    if "name" not in section:
+        raise ConfigError(f"invalid config: protocol.name is required; allowed: {', '.join(sorted(REGISTRY))}")
+    cls = protocol_class(section["name"])
+    try:
+        return cls.Options.model_validate({**section, "name": str(section["name"]).lower()})
+    except ValidationError as err:
+        raise ConfigError(describe(err, prefix="protocol.")) from None
 
 
 class Section(Settings):
@@ -106,6 +99,9 @@ class BackendConfig(Section):
         "per party (by name; `evaluator` is the scoring harness): the node it is pinned to and its shard file"))
     address: str | None = Field(None, description="an existing Ray cluster; default starts a local one")
     connect_timeout_s: float = Field(30.0, gt=0, description="how long to wait for the Ray cluster at address")
+    ray_auth: Literal["token", "none"] = Field("token", description=(
+        "token: the Ray a run starts or joins must enforce Ray's token authentication (RAY_AUTH_MODE=token); "
+        "none: allow one without it, where anyone who reaches its ports can run code and read every party"))
     actors: int | None = Field(None, ge=1, description="Ray actors hosting the clients; default one per core")
     on_client_failure: Literal["stop", "retry", "skip"] = Field("stop", description=(
         "a lost party: stop (resumable), retry (recreate it and restart from the last checkpoint), or skip "
@@ -156,8 +152,7 @@ class RunConfig(Section):
         0.01 with decay 5e-4 left it at chance on CiteSeer). They stay unset, so a config made from this
         one with another protocol or model takes that one's values; the given ``train`` is not changed."""
         given = self.train.model_fields_set
-        paper = _training_defaults(self.protocol_name, self.model.name, self.train.optimizer) \
-            if _training_defaults else {}
+        paper = paper_training(self.protocol_name, self.model.name, self.train.optimizer)
         unset = {key: paper.get(key, field.default) for key, field in TrainConfig.model_fields.items()
                  if key not in given}
         if any(getattr(self.train, key) != value for key, value in unset.items()):
