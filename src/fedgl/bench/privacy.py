@@ -124,7 +124,7 @@ AUDITED: list[tuple[str, dict[str, Any]]] = [  # (label, config sections replaci
                "protocol": {"name": "glasu", "K": 2, "Q": 4, "S": 16, "batches": 4, "sampling": "layerwise",
                             "fanout": 3, "aggregation": "mean"},
                "train": {"rounds": 2, "lr": 0.01}}),
-    ("nFedGNN", {**NODE_LEVEL, "protocol": {"name": "nfedgnn", "lam": 300}}),
+    ("nFedGNN", {**NODE_LEVEL, "protocol": {"name": "nfedgnn", "lam": 300, "regulariser": "raw"}}),
     ("CNFGNN", {**NODE_LEVEL, "protocol": {"name": "cnfgnn", "lam": 0}}),
     ("Swift-FedGNN", {**SWIFT, "protocol": {"name": "swift", "I": 10, "K": 5, "batch_size": 256}}),
     ("Swift-FedGNN dropout 0", {**SWIFT, **NO_DROPOUT, "protocol": {"name": "swift", "I": 10, "K": 5,

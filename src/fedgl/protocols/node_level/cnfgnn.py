@@ -9,7 +9,7 @@ than nFedGNN. Only full participation is defined (the paper's setting).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import Field
@@ -25,6 +25,7 @@ MB = 2**20
 class CNFGNNOptions(SplitOptions):
     lam: float = Field(0.0, ge=0, le=0, description="CNFGNN has no regulariser; accepted (as 0 only) so an nFedGNN "
                                                     "config runs as CNFGNN with protocol.lam=0")
+    regulariser: Literal["per_label", "raw"] = Field("raw", description="accepted for the same reason; no effect")
     message_mb: float = Field(
         1024.0, gt=0, description="largest single message of per-user models, in MiB; the model upload and "
                                 "broadcast of a large population are sent in several calls of at most this size")
