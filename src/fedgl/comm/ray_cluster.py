@@ -47,11 +47,11 @@ def init_ray(ray: Any, address: str | None, timeout_s: float, auth: str = "token
     """Join ``address``, or start a local instance, unless this process already joined a Ray; then
     check that Ray enforces token authentication (``auth: token``). Returns whether this call
     started the connection (and so shuts it down at the end)."""
+    if address:  # named, it must answer, even when this process already joined a Ray
+        check_reachable(address, timeout_s)
     if ray.is_initialized():
         owns = False
     else:
-        if address:
-            check_reachable(address, timeout_s)
         try:
             if address:
                 ray.init(address=address, log_to_driver=False, runtime_env={"env_vars": WORKER_ENV})
