@@ -170,6 +170,13 @@ def test_tls_is_on_unless_waived_by_name(tmp_path, capsys):
     assert "--insecure" in supernode_command(args)
 
 
+def test_the_flower_backend_outside_a_server_app_says_how_to_submit(tmp_path):
+    write_shards(build_config({**BASE, **PROTOCOLS["fedavg"]}), tmp_path / "shards")
+    cfg = build_config({**BASE, **PROTOCOLS["fedavg"], "backend": {"name": "flower", "shards": str(tmp_path / "shards")}})
+    with pytest.raises(ConfigError, match="flower_setup submit"):
+        run(cfg, tmp_path / "run")
+
+
 @pytest.mark.slow
 def test_the_simulation_engine_runs_the_same_apps(tmp_path):
     """Flower's Simulation Engine, one SuperNode per party: metrics and ledger as in process, and

@@ -46,7 +46,7 @@ class FlowerTransport(Transport):
         self._grid = grid if grid is not None else _ACTIVE.get("grid")
         if self._grid is None:
             raise ConfigError("backend 'flower' runs inside a Flower ServerApp: submit the run to the SuperLink "
-                              "with `flwr run` (docs/deployment.md)")
+                              "with `python -m fedgl.comm.flower_setup submit` (docs/deployment.md)")
         self._device = device
         self._timeout = reply_timeout_s if reply_timeout_s is not None else _ACTIVE.get("timeout")
         self._connect_timeout = connect_timeout_s or _ACTIVE.get("connect", 60.0)
