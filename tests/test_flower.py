@@ -153,6 +153,26 @@ def test_a_party_answers_only_its_rpc_methods(tmp_path):
     assert forged.has_error() and "the manifest says" in forged.error.reason
 
 
+def test_a_party_trains_holds_and_rolls_back_on_its_node(tmp_path):
+    """Two train calls from one held state give the same reply: the state file was rolled back."""
+    from fedgl.comm.shard_file import load_party
+
+    manifest = write_shards(build_config({**BASE, **PROTOCOLS["fedavg"]}), tmp_path / "shards")
+    party = manifest["parties"][0]
+    shard = tmp_path / "shards" / party["file"]
+    context = Context(run_id=2, node_id=1, node_config={"fedgl-party": party["name"], "fedgl-shard": str(shard),
+                                                         "fedgl-state": str(tmp_path)}, state=RecordDict(), run_config={})
+    _ask(context, "_fedgl_spawn", **{"class": party["class"], "sha256": party["sha256"], "device": "cpu"})
+    cls, kwargs = load_party(shard, party["class"])
+    state = cls.create(**kwargs).trainer.get_state()
+    _ask(context, "_fedgl_hold")
+    first, meta = decode(_ask(context, "train", {"state": state}).content)
+    assert meta["cpu"] >= 0 and first["loss"] > 0
+    assert decode(_ask(context, "train", {"state": state}).content)[0]["loss"] != first["loss"]  # it moved on
+    _ask(context, "_fedgl_roll_back")
+    same(decode(_ask(context, "train", {"state": state}).content)[0], first)
+
+
 def test_tls_is_on_unless_waived_by_name(tmp_path, capsys):
     assert setup_main(["certs", str(tmp_path / "certs")]) == 0
     assert setup_main(["node-key", str(tmp_path / "keys"), "org1"]) == 0

@@ -91,18 +91,25 @@ class NodeParty:
         if action == "hello":
             return self.name
         if action == "spawn":
-            return self.spawn(str(meta["class"]), str(meta["sha256"]), str(meta["device"]))
-        if action == "save":
-            return shutil.copyfile(self.state, Path(str(meta["folder"])) / f"{self.name}.pt") and None
-        if action == "load":
+            self.spawn(str(meta["class"]), str(meta["sha256"]), str(meta["device"]))
+        elif action == "load":
             party = self._party()
             party.load(Path(str(meta["folder"])) / f"{self.name}.pt")  # checked as the party's own checkpoint
-            return party.save(self.state)
-        if action == "hold":
-            return shutil.copyfile(self.state, self.held) and None
-        if action == "roll_back":
-            return shutil.copyfile(self.held, self.state) and None
-        raise ConfigError(f"unknown node action {action!r}")
+            party.save(self.state)
+        elif action in COPIES:
+            source, target = COPIES[action](self, meta)
+            shutil.copyfile(source, target)
+        else:
+            raise ConfigError(f"unknown node action {action!r}")
+        return None
+
+
+# The actions that copy the party's state file: (source, target) of each
+COPIES = {
+    "save": lambda node, meta: (node.state, Path(str(meta["folder"])) / f"{node.name}.pt"),
+    "hold": lambda node, meta: (node.state, node.held),
+    "roll_back": lambda node, meta: (node.held, node.state),
+}
 
 
 def handle(message: Any, context: Any, shards: str | None = None) -> Any:
