@@ -1,11 +1,12 @@
 """fedgl's Flower apps: the ServerApp running the fedgl server and the ClientApp of every party.
 
-The Flower App Bundle (``flower_bundle``) names ``fedgl.flower_app:server_app`` and
+The app bundle ``flwr run`` submits (``comm.flower_setup.bundle``) names ``fedgl.flower_app:server_app`` and
 ``fedgl.flower_app:client_app``. The ServerApp reads its run config (``flwr run --run-config``):
 ``config`` (the fedgl YAML, whose ``backend.shards`` is the shard folder on the server's machine),
-``out`` (the results folder), ``resume``, ``overwrite`` and ``reply-timeout`` (seconds a party may take
-to answer before it counts as lost; 0 waits for Flower to report its node unavailable). The run is
-the one ``fedgl run`` makes, with ``backend.name: flower``.
+``out`` (the results folder), ``resume``, ``overwrite``, ``reply-timeout`` (seconds a party may take
+to answer before it counts as lost; 0 waits for Flower to report its node unavailable) and
+``connect-timeout`` (seconds to wait for a party's SuperNode to join, at the start and after a loss).
+The run is the one ``fedgl run`` makes, with ``backend.name: flower``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def main(grid: Any, context: Any) -> None:
 
     config = context.run_config
     timeout = float(config.get("reply-timeout", 0)) or None
-    with serving(grid, timeout):
+    with serving(grid, timeout, float(config.get("connect-timeout", 300.0))):
         run(str(config["config"]), out_dir=str(config["out"]), resume=bool(config.get("resume", False)),
             overwrite=bool(config.get("overwrite", False)), backend__name="flower")
 

@@ -150,6 +150,7 @@ out = ""
 resume = false
 overwrite = false
 reply-timeout = 0.0
+connect-timeout = 300.0
 ''')
     return app
 

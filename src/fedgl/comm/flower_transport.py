@@ -146,8 +146,8 @@ class FlowerTransport(Transport):
         self._control([name], "spawn", **{"class": cls_path, "sha256": sha256 or "", "device": self._device})
 
     def revive(self, parties: Sequence[str]) -> None:
-        """A lost party's SuperNode, started again, joins under a new node id: find it and make the
-        party from its shard there (its state is then loaded from a checkpoint)."""
+        """A lost party's SuperNode, started again, joins again: find it by the party it names and make
+        the party from its shard there (its state is then loaded from a checkpoint)."""
         for name in parties:
             self._nodes.pop(name, None)
             self._lost.discard(name)
