@@ -41,12 +41,11 @@ class _Encoder:
         self.arrays: dict[str, Any] = {}
 
     def array(self, tensor: torch.Tensor) -> str:
-        app = _flwr()
+        """Key of the tensor's (dtype, shape, C-order bytes)."""
         tensor = tensor.detach().cpu().contiguous()
         key = str(len(self.arrays))
         data = tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
-        self.arrays[key] = app.Array(dtype=str(tensor.dtype).removeprefix("torch."), shape=tuple(tensor.shape),
-                                     stype=STYPE, data=data)
+        self.arrays[key] = (str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), data)
         return key
 
     def tensor(self, t: torch.Tensor) -> dict[str, Any]:
@@ -86,7 +85,9 @@ def encode(payload: Any, **meta: Any) -> Any:
     app = _flwr()
     encoder = _Encoder()
     tree = json.dumps(encoder.tree(payload))
-    return app.RecordDict({ARRAYS: app.ArrayRecord(encoder.arrays), META: app.ConfigRecord({TREE: tree, **meta})})
+    arrays = {key: app.Array(dtype=dtype, shape=shape, stype=STYPE, data=data)
+              for key, (dtype, shape, data) in encoder.arrays.items()}
+    return app.RecordDict({ARRAYS: app.ArrayRecord(arrays), META: app.ConfigRecord({TREE: tree, **meta})})
 
 
 class _Decoder:
@@ -94,13 +95,12 @@ class _Decoder:
         self.arrays = arrays
 
     def array(self, key: Any) -> torch.Tensor:
-        array = self.arrays.get(key) if isinstance(key, str) else None
-        if array is None or array.stype != STYPE or array.dtype not in _DTYPES:
+        dtype, shape, data = self.arrays[key] if isinstance(key, str) and key in self.arrays else (None, (), b"")
+        if dtype not in _DTYPES:
             raise ValueError(f"array {key!r} is missing or not a fedgl tensor")
-        dtype, shape = _DTYPES[array.dtype], tuple(array.shape)
-        if not array.data:
-            return torch.empty(shape, dtype=dtype)
-        return torch.frombuffer(bytearray(array.data), dtype=torch.uint8).view(dtype).reshape(shape)
+        if not data:
+            return torch.empty(shape, dtype=_DTYPES[dtype])
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(_DTYPES[dtype]).reshape(shape)
 
     def tree(self, node: Any) -> Any:
         if node is None or type(node) in (bool, int, float, str):
@@ -144,6 +144,33 @@ def decode(content: Any) -> tuple[Any, dict[str, Any]]:
         if set(content.keys()) != {ARRAYS, META}:
             raise ValueError("it holds records other than fedgl's")
         rest = {k: v for k, v in meta.items() if k != TREE}
-        return _Decoder(arrays).tree(json.loads(meta[TREE])), rest
+        raw = {key: (a.dtype if a.stype == STYPE else None, tuple(a.shape), a.data) for key, a in arrays.items()}
+        return _Decoder(raw).tree(json.loads(meta[TREE])), rest
     except (KeyError, TypeError, ValueError, RuntimeError) as err:
         raise ConfigError(f"a Flower message is not a fedgl payload ({str(err).splitlines()[0]})") from None
+
+
+def pack(payload: Any, **meta: Any) -> bytes:
+    """``payload`` and ``meta`` as bytes without pickle (a JSON header, then every tensor's bytes): what a
+    ClientApp and its node's party host exchange."""
+    encoder = _Encoder()
+    tree = encoder.tree(payload)
+    arrays = [[key, dtype, list(shape), len(data)] for key, (dtype, shape, data) in encoder.arrays.items()]
+    header = json.dumps({"tree": tree, "meta": meta, "arrays": arrays}).encode()
+    return b"".join([len(header).to_bytes(8, "little"), header, *(data for _, _, data in encoder.arrays.values())])
+
+
+def unpack(blob: bytes) -> tuple[Any, dict[str, Any]]:
+    """The payload and meta of ``pack``'s bytes; anything else is refused with one line."""
+    try:
+        size = int.from_bytes(blob[:8], "little")
+        header = json.loads(blob[8:8 + size])
+        offset, raw = 8 + size, {}
+        for key, dtype, shape, length in header["arrays"]:
+            raw[str(key)] = (dtype, tuple(shape), blob[offset:offset + length])
+            offset += length
+        if offset != len(blob):
+            raise ValueError("its length does not match its header")
+        return _Decoder(raw).tree(header["tree"]), dict(header["meta"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:
+        raise ConfigError(f"a party host message is not a fedgl payload ({str(err).splitlines()[0]})") from None

@@ -7,7 +7,8 @@ runs, and the app bundle a run is submitted as.
 - ``node-key FOLDER NAME``: a SuperNode's key pair (NIST P-384, OpenSSH format, as Flower reads it);
 - ``superlink FOLDER``: start the SuperLink with TLS and SuperNode authentication;
 - ``register PUBLIC_KEY --flwr-home H``: register a SuperNode's public key with the SuperLink;
-- ``supernode --party P --shard FILE --key KEY --ca CA``: start an organisation's SuperNode;
+- ``supernode --party P --shard FILE --key KEY --ca CA``: start an organisation's SuperNode and, beside
+  it, the party host that keeps its party between messages (``flower_party``);
 - ``submit CONFIG --out DIR --flwr-home H``: submit a fedgl run (``flwr run`` of fedgl's app bundle).
 
 Without TLS every message would cross in the clear: ``--insecure`` is refused unless
@@ -23,6 +24,8 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -103,10 +106,20 @@ def superlink_command(args: argparse.Namespace) -> list[str]:
             *(["--database", args.database] if args.database else [])]
 
 
+def _state(args: argparse.Namespace) -> Path:
+    return Path(args.state or Path(tempfile.gettempdir()) / "fedgl-flower" / args.party).resolve()
+
+
+def host_command(args: argparse.Namespace) -> list[str]:
+    """The organisation's party host, beside its SuperNode (``flower_party``)."""
+    return [sys.executable, "-m", "fedgl.comm.flower_party", "--party", args.party, "--shard",
+            str(Path(args.shard).resolve()), "--state", str(_state(args)), "--socket", str(_state(args) / "party.sock")]
+
+
 def supernode_command(args: argparse.Namespace) -> list[str]:
-    config = f'fedgl-party="{args.party}" fedgl-shard="{Path(args.shard).resolve()}"'
-    if args.state:
-        config += f' fedgl-state="{Path(args.state).resolve()}"'
+    state = _state(args)
+    config = (f'fedgl-party="{args.party}" fedgl-shard="{Path(args.shard).resolve()}" fedgl-state="{state}" '
+              f'fedgl-host="{state / "party.sock"}"')
     return ["flower-supernode", *_tls(args, ["--root-certificates", str(args.ca)]), "--superlink", args.superlink,
             "--auth-supernode-private-key", str(args.key), "--node-config", config, "--port", str(args.port)]
 
@@ -227,7 +240,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {command[0]} is not installed: pip install 'fedgl[flower]'", file=sys.stderr)
         return 2
     env = dict(os.environ, **({"FLWR_HOME": str(Path(args.flwr_home).resolve())} if "flwr_home" in args else {}))
-    return subprocess.call(command, env=env)
+    if args.step != "supernode":
+        return subprocess.call(command, env=env)
+    host = subprocess.Popen(host_command(args), env=env)  # the party lives here, beside the SuperNode
+    try:
+        socket = _state(args) / "party.sock"
+        socket.unlink(missing_ok=True)
+        while not socket.exists():  # the SuperNode takes messages only once its host answers them
+            if host.poll() is not None:
+                print(f"error: the party host of {args.party} stopped (exit code {host.returncode})", file=sys.stderr)
+                return 2
+            time.sleep(0.2)
+        return subprocess.call(command, env=env)
+    finally:
+        host.terminate()
 
 
 if __name__ == "__main__":
