@@ -87,7 +87,8 @@ def on_flower(root: Path) -> dict:
 
 
 def cell(value: float | None) -> dict:
-    return {"mean": value, "std": None if value is None else 0.0, "paper": None, "runs": int(value is not None), "of": 1}
+    measured = value is not None
+    return {"mean": value, "std": 0.0 if measured else None, "paper": None, "runs": int(measured), "of": 1}
 
 
 def main() -> None:

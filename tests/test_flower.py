@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import time
 from collections import OrderedDict
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -162,7 +161,8 @@ def test_a_party_trains_holds_and_rolls_back_on_its_node(tmp_path):
     party = manifest["parties"][0]
     shard = tmp_path / "shards" / party["file"]
     context = Context(run_id=2, node_id=1, node_config={"fedgl-party": party["name"], "fedgl-shard": str(shard),
-                                                         "fedgl-state": str(tmp_path)}, state=RecordDict(), run_config={})
+                                                         "fedgl-state": str(tmp_path)},
+                      state=RecordDict(), run_config={})
     _ask(context, "_fedgl_spawn", **{"class": party["class"], "sha256": party["sha256"], "device": "cpu"})
     cls, kwargs = load_party(shard, party["class"])
     state = cls.create(**kwargs).trainer.get_state()
@@ -248,7 +248,8 @@ def test_tls_is_on_unless_waived_by_name(tmp_path, capsys):
 
 def test_the_flower_backend_outside_a_server_app_says_how_to_submit(tmp_path):
     write_shards(build_config({**BASE, **PROTOCOLS["fedavg"]}), tmp_path / "shards")
-    cfg = build_config({**BASE, **PROTOCOLS["fedavg"], "backend": {"name": "flower", "shards": str(tmp_path / "shards")}})
+    backend = {"name": "flower", "shards": str(tmp_path / "shards")}
+    cfg = build_config({**BASE, **PROTOCOLS["fedavg"], "backend": backend})
     with pytest.raises(ConfigError, match="flower_setup submit"):
         run(cfg, tmp_path / "run")
 
@@ -274,4 +275,4 @@ def test_the_simulation_engine_runs_the_same_apps(tmp_path):
     rows = [[{k: v for k, v in json.loads(line).items() if k != "wall_time_s"} for line in open(p / "metrics.jsonl")]
             for p in (tmp_path / "plain", tmp_path / "flower")]
     assert rows[0] == rows[1]
-    assert Path(tmp_path / "plain" / "ledger.jsonl").read_text() == Path(tmp_path / "flower" / "ledger.jsonl").read_text()
+    assert (tmp_path / "plain" / "ledger.jsonl").read_text() == (tmp_path / "flower" / "ledger.jsonl").read_text()

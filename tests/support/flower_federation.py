@@ -86,7 +86,8 @@ class Federation:
                     FEDGL_AUDIT_LOG=str(self.root / f"audit-{who}.log"), OMP_NUM_THREADS="1")
 
     def start_node(self, org: str, party: str, shard: Path, key: str | None = None) -> subprocess.Popen:
-        proc = _setup("supernode", "--party", party, "--shard", str(shard), "--key", str(self.root / "keys" / (key or org)),
+        proc = _setup("supernode", "--party", party, "--shard", str(shard),
+                      "--key", str(self.root / "keys" / (key or org)),
                       "--ca", str(self.certs["ca.crt"]), "--superlink", f"127.0.0.1:{self.port}",
                       "--port", str(_free_port()), "--state", str(self.root / "state" / org),
                       env=self.env(org), stdout=open(self.root / f"{org}.log", "a"))
