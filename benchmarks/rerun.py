@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from fedgl.errors import ConfigError, FedglError
+from fedgl.tables import markdown_table
 from perf import machine  # the same description of the machine as the performance suite's
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,13 +115,10 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [f"Re-run {m['date']} on {m['cpu']} ({m['cores']} cores, {m['kernels']} kernels), torch {m['torch']}: "
              "each run trained afresh and compared with its row of the task's committed results.json (timings left "
              "out). Accuracies in %.",
-             "", "| task | variant | seed | committed in | column | committed | re-run | same |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in result["runs"]:
-        for c in r["columns"]:
-            lines.append(f"| {r['task']} | {r['variant']} | {r['seed']} | {r['committed_in']} | {c['column']} "
-                         f"| {fmt(c['column'], c['committed'])} | {fmt(c['column'], c['rerun'])} "
-                         f"| {'yes' if c['same'] else 'no'} |")
+             "", *markdown_table(["task", "variant", "seed", "committed in", "column", "committed", "re-run", "same"],
+                                 [[r["task"], r["variant"], r["seed"], r["committed_in"], c["column"],
+                                   fmt(c["column"], c["committed"]), fmt(c["column"], c["rerun"]),
+                                   "yes" if c["same"] else "no"] for r in result["runs"] for c in r["columns"]])]
     return "\n".join(lines) + "\n"
 
 

@@ -16,7 +16,8 @@ from fedgl.config import build_config
 from fedgl.data import load_dataset
 from fedgl.errors import ConfigError
 from fedgl.privacy import record
-from fedgl.privacy.audit import RoutedSums, audit_run, calls, contributing_members, ground_truth, least_squares_rows
+from fedgl.audit import audit_run, ground_truth
+from fedgl.privacy.attacks import RoutedSums, calls, contributing_members, least_squares_rows
 from fedgl.privacy.record import MessageRecorder, read_messages
 from fedgl.runner import Run, run
 
@@ -125,6 +126,7 @@ def test_raw_row_match_finds_nothing_where_rows_never_leave(tmp_path, name):
     raw = attacks["raw_row_match"]
     assert raw["attacked"] > 0 and raw["recovered"] == 0, raw["notes"]
     assert attacks["labels"]["recovered"] == 0 and not attacks["labels"]["details"]
+    assert json.loads((tmp_path / "audit.json").read_text())["flagged"] == []
 
 
 def test_llcg_rows_and_training_labels_reach_the_server_and_nowhere_else(tmp_path):
@@ -152,6 +154,9 @@ def test_single_row_sums_leave_only_when_min_aggregate_allows_them(tmp_path, min
         assert attacks["raw_row_match"]["recovered"] > 0  # a one-row sum is the row itself
     else:
         assert membership["recovered"] == 0 and attacks["raw_row_match"]["recovered"] == 0
+    flagged = {f["attack"] for f in json.loads((tmp_path / "audit.json").read_text())["flagged"]}
+    # without dropout the sums also solve for rows (reconstruction), whatever min_aggregate
+    assert flagged - {"reconstruction"} == ({"membership", "raw_row_match"} if min_aggregate == 1 else set())
 
 
 def test_a_sum_whose_other_members_dropped_out_holds_one_row():
@@ -236,6 +241,8 @@ def test_audit_command_writes_the_report(tmp_path, capsys):
     assert main(["audit", str(tmp_path), "--json", "--data-root", str(tmp_path)]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed == json.loads((tmp_path / "audit.json").read_text())
-    assert set(printed["attacks"]) == {"raw_row_match", "reconstruction", "membership", "labels"}
+    assert set(printed["attacks"]) == {"raw_row_match", "reconstruction", "membership", "masking", "labels",
+                                       "noise_replay"}
+    assert printed["flagged"] == []  # LLCG's rows and labels go to the server by design
     assert main(["audit", str(tmp_path)]) == 0
     assert "raw_row_match" in capsys.readouterr().out

@@ -123,7 +123,7 @@ def test_partition_command_and_one_line_errors(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err  # the manifest's hash catches the swap before anything is read
     assert code == 2 and "client1.pt" in err and "SHA-256" in err and len(err.strip().splitlines()) == 1
     with pytest.raises(ConfigError, match="holds objects other than tensors"):  # and unpickling refuses code
-        load_party(shards / "client1.pt", "fedgl.protocols.fedavg:FedAvgClient")
+        load_party(shards / "client1.pt", "fedgl.protocols.fedavg.client:FedAvgClient")
     assert not marker.exists()
     assert main(["run", "--set", f"backend.shards={tmp_path / 'nowhere'}", "--quiet",
                  "--out", str(tmp_path / "r3")]) == 2
@@ -134,7 +134,7 @@ def test_a_party_file_from_another_party_class_is_refused(tmp_path):
     manifest = write_shards(build_config(settings("fedavg")), tmp_path / "shards")
     path = tmp_path / "shards" / manifest["parties"][0]["file"]
     with pytest.raises(ConfigError, match="the manifest says"):
-        load_party(path, "fedgl.protocols.glasu:GlasuClient")
+        load_party(path, "fedgl.protocols.glasu.client:GlasuClient")
 
 
 # ---- a two-node Ray cluster on loopback ----------------------------------------------------------

@@ -87,7 +87,7 @@ def test_sparse_features_on_the_accelerator_equal_the_cpu(data_root, tmp_path, m
         assert run("acc", device="cuda") == cpu
 
 
-PRIVATE = {"secure_aggregation": True, "dp": {"noise_multiplier": 0.5, "max_norm": 1.0}}
+PRIVATE = {"secure_aggregation": True, "dp": {"noise_multiplier": 0.5, "max_norm": 1.0, "replayable_noise": True}}
 
 
 @pytest.mark.parametrize("protocol", ["fedavg", "glasu", "nfedgnn", "swift", "fedaas"])

@@ -17,8 +17,10 @@ from fedgl.comm import LocalTransport
 from fedgl.config import build_config, load_config
 from fedgl.errors import ConfigError
 from fedgl.models.split_attention import SplitAttentionNet, merge_into
-from fedgl.protocols.fanout_policy import FanoutPolicy
-from fedgl.protocols.fedaas import EXCHANGE, FedAASClient, next_interval, sync_steps
+from fedgl.protocols.fedaas.client import FedAASClient
+from fedgl.protocols.fedaas.fanout_policy import FanoutPolicy
+from fedgl.protocols.fedaas.schedule import next_interval, sync_steps
+from fedgl.protocols.fedaas.server import EXCHANGE
 from fedgl.results import read_jsonl
 from fedgl.runner import Run, run
 from test_swift import audited_rows

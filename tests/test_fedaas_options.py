@@ -14,9 +14,10 @@ from torch_geometric.data import Data
 from fedgl.config import build_config
 from fedgl.errors import ConfigError
 from fedgl.privacy.config import SUPPORTED
-from fedgl.protocols.fedaas import GRID, FedAASClient, ratio_picks
-from fedgl.protocols.fedavg_group import flat_state
-from fedgl.protocols.routing import Router
+from fedgl.protocols.fedaas.client import FedAASClient
+from fedgl.protocols.fedaas.schedule import GRID, ratio_picks
+from fedgl.protocols.fedavg.group import flat_state
+from fedgl.protocols.horizontal.routing import Router
 from fedgl.results import read_jsonl
 from fedgl.runner import Run, run
 from test_fedaas import config
@@ -157,10 +158,10 @@ def secure(cfg: dict) -> dict:
 
 
 @pytest.mark.parametrize("name, options", [(name, {}) for name in SHARED] +
-                         [("fedaas", {"client_fraction": 0.5, "weighting": "uniform"})])
+                         [("fedaas", {"client_fraction": 0.75, "weighting": "uniform"})])
 def test_secure_aggregation_ends_where_the_plain_run_ends(tmp_path, name, options):
-    """Every preset sharing FedAAS's averaging, and a round of half the clients with uniform weights:
-    the same metrics within 1e-5; each upload is the masked [w θ, w, w loss] in int64 and nothing else."""
+    """Every preset sharing FedAAS's averaging, and a round of 3 of 4 clients with uniform weights: the
+    same metrics within 1e-5; each client's only upload is the masked [w θ, w, w loss] in int64."""
     cfg = config({"name": name, "batches": 2, **options}, clients=4)
     plain = run(build_config(cfg), tmp_path / "plain")
     job = Run(build_config(secure(cfg)), tmp_path / "secure")
@@ -169,12 +170,14 @@ def test_secure_aggregation_ends_where_the_plain_run_ends(tmp_path, name, option
         for key in ("train_loss", "val_accuracy", "val_loss", "test_accuracy", "test_loss", "test_macro_f1"):
             assert b[key] == pytest.approx(a[key], abs=1e-5), key
     params = flat_state(job.protocol.model.state_dict()).numel()
-    chosen = 2 if options else 4
+    chosen = 3 if options else 4
     for r in (1, 2):
-        up = [row for row in job.transport.ledger.rows() if row["round"] == r and row["method"] == "upload"
-              and row["direction"] == "up"]
-        assert {row["kind"] for row in up} == {"model"} and sum(row["bytes"] for row in up) == chosen * 8 * (params + 2)
-    assert {row["method"] for row in job.transport.ledger.rows() if row["round"] == 0} == {"public_key", "agree"}
+        up = [row for row in job.transport.ledger.rows() if row["round"] == r and row["direction"] == "up"
+              and row["kind"] == "model"]
+        assert {row["method"] for row in up} == {"secagg_input"}
+        assert sum(row["bytes"] for row in up) == chosen * 8 * (params + 2)
+    assert {row["method"] for row in job.transport.ledger.rows()
+            if row["round"] == 0} == {"secagg_identity", "secagg_trust"}
 
 
 def test_what_the_server_receives_from_a_fedaas_client_is_uniform_and_data_independent(tmp_path, repeatable_keys):
@@ -185,9 +188,14 @@ def test_what_the_server_receives_from_a_fedaas_client_is_uniform_and_data_indep
         repeatable_keys()
         job = Run(build_config(secure(config({"widths": [64, 64]}) | {"seed": seed})), tmp_path / str(seed))
         proto, transport = job.protocol, job.transport
+        seen = []
+        transport._observe = lambda src, dst, method, payload: (
+            seen.append(payload) if (src, method) == ("client0", "secagg_input") else None)
+        proto.start()
         transport.call_many(proto.clients, "start", state=proto.model.state_dict())
         transport.call_many(proto.clients, "local", steps=1)
-        sent.append(transport.call(proto.clients[0], "upload", round_index=1)["masked"])
+        proto.average(proto.clients, proto.model.state_dict())
+        sent.append(seen[0])
         params = flat_state(proto.model.state_dict()).numel()
     assert sent[0].dtype == torch.int64 and sent[0].numel() == params + 2
     for payload in sent:
@@ -200,7 +208,7 @@ def test_secure_aggregation_refuses_what_it_cannot_hide(tmp_path, monkeypatch):
     monkeypatch.setitem(SUPPORTED, "graphfed-recon", ("secure_aggregation",))
     with pytest.raises(ConfigError, match="personalize 'similarity' needs"):
         Run(build_config(secure(config({"name": "graphfed-recon"}))), tmp_path / "graphfed")
-    with pytest.raises(ConfigError, match="at least 2 clients per round, got 1"):
+    with pytest.raises(ConfigError, match="at least 3 clients per round and no fewer than its threshold 1, got 1"):
         Run(build_config(secure(config({"client_fraction": 0.2}))), tmp_path / "one")
 
 

@@ -8,11 +8,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fedgl.protocols.fedavg_group import NARROW_OUTPUT, ClientGroupTrainer, batched_linear, flat_state
+from fedgl.protocols.fedavg.group import NARROW_OUTPUT, ClientGroupTrainer, batched_linear, flat_state
 from fedgl.config import ModelConfig, TrainConfig, build_config
 from fedgl.errors import ConfigError
 from fedgl.models import build_model
-from fedgl.protocols.fedavg import FedAvgGroup
+from fedgl.protocols.fedavg.client import FedAvgGroup
 from fedgl.runner import Run, load_data, run
 from fedgl.protocols.local_training import LocalTrainer
 

@@ -10,7 +10,7 @@ import torch
 import fedgl
 from fedgl.config import RunConfig, TrainConfig, build_config, load_config
 from fedgl.runner import Run, run
-from fedgl.optim import make_model
+from fedgl.models import make_model
 
 
 def cora(data_root, protocol: dict, **sections) -> dict:

@@ -17,7 +17,7 @@ from fedgl.config import build_config, load_config
 from fedgl.data import load_dataset
 from fedgl.errors import ConfigError
 from fedgl.models.split_vertical import aggregate, client_graph, features, make_block, sample_below
-from fedgl.protocols.glasu import Glasu
+from fedgl.protocols.glasu.server import Glasu
 from fedgl.runner import run
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "glasu-cora.yaml"

@@ -28,8 +28,8 @@ from fedgl.models.split_node import (
     support_gradient,
 )
 from fedgl.protocols import protocol_class
-from fedgl.protocols.cnfgnn import CNFGNN
-from fedgl.protocols.nfedgnn import NFedGNN
+from fedgl.protocols.node_level.cnfgnn import CNFGNN
+from fedgl.protocols.node_level.nfedgnn import NFedGNN
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "nfedgnn-cora.yaml"
 

@@ -1,4 +1,5 @@
-"""The performance suite's pieces (benchmarks/perf.py) on small inputs, and what start-up imports."""
+"""The performance suite's pieces (benchmarks/perf.py, perf_harness.py, perf_references.py) on small
+inputs, and what start-up imports."""
 
 from __future__ import annotations
 
@@ -12,16 +13,22 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
 
 
 @pytest.fixture(scope="module")
 def perf():
-    spec = importlib.util.spec_from_file_location("perf", ROOT / "benchmarks" / "perf.py")
+    sys.path.insert(0, str(BENCHMARKS))  # perf.py imports its harness and references beside it
+    spec = importlib.util.spec_from_file_location("perf", BENCHMARKS / "perf.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+        for name in ("perf", "perf_harness", "perf_references"):
+            sys.modules.pop(name, None)
 
 
 def test_import_fedgl_cli_loads_no_plotting_ray_or_sklearn():
@@ -67,8 +74,8 @@ def test_targets_pass_and_fail(perf):
 
 def test_sampled_blocks_hold_only_edges_of_the_graph(perf):
     edge_index = torch.tensor([[1, 2, 3, 4, 0, 0, 5], [0, 0, 0, 0, 1, 2, 1]])
-    rowptr, col = perf.csr_of(edge_index, 6)
-    nodes, blocks = perf.sample_blocks(rowptr, col, torch.tensor([0, 1]), [3, 2], torch.Generator().manual_seed(0))
+    rowptr, col = perf.references.csr_of(edge_index, 6)
+    nodes, blocks = perf.references.sample_blocks(rowptr, col, torch.tensor([0, 1]), [3, 2], torch.Generator().manual_seed(0))
     assert nodes[:2].tolist() == [0, 1] and nodes.unique().numel() == nodes.numel()
     edges = set(zip(*edge_index.tolist()))
     top = blocks[-1]  # output layer: at most 2 neighbours per batch node
@@ -119,7 +126,6 @@ def test_reading_a_dataset_imports_only_its_own_torch_geometric_module(data_root
     assert lines[:4] == ["2708", "False False", "True True", "34"]
 
 
-
 def test_a_device_pass_runs_both_sides_on_the_device(perf, monkeypatch):
     """``--device cuda``: the fedgl runs and the plain PyG references compute on the device (here the
     stand-in accelerator, which refuses any operand left on the CPU): the overhead group's full-batch
@@ -127,22 +133,22 @@ def test_a_device_pass_runs_both_sides_on_the_device(perf, monkeypatch):
     from fedgl import device as devices
     from support.fake_device import fake_accelerator
 
-    monkeypatch.setattr(perf, "DEVICE", perf.DEVICE)  # restored after the test
-    monkeypatch.setattr(perf, "DEVICE_NAME", perf.DEVICE_NAME)
     with fake_accelerator(monkeypatch) as device:
-        perf.use_device("cuda")
-        assert perf.config({"name": "fedavg"}, "cora", {})["device"] == "cuda"
-        measures = perf.overhead(True, dataset="synthetic", protocols=("centralized", "fedavg", "glasu", "nfedgnn"))
+        place = perf.Place.of("cuda")
+        assert place.config({"name": "fedavg"}, "cora", {})["device"] == "cuda"
+        measures = perf.overhead(True, place, dataset="synthetic",
+                                 protocols=("centralized", "fedavg", "glasu", "nfedgnn"))
         assert [m.name for m in measures] == ["centralized", "fedavg", "glasu", "nfedgnn"]
         assert all(m.value is not None for m in measures), [m.note for m in measures]
         data = perf.load("synthetic", num_nodes=300, num_features=16, num_classes=3)
         train = [data.train_mask.nonzero().flatten()]
         with devices.working_on(device):
-            reference = perf.MiniBatchReference(devices.move(data, device), "sage", [16, 8, 3],
-                                                devices.move(train, device), 32, [4, 3])
-            perf.finished(lambda: reference.step(0))()
+            reference = perf.references.MiniBatchReference(devices.move(data, device), "sage", [16, 8, 3],
+                                                           devices.move(train, device), 32, [4, 3])
+            place.finished(lambda: reference.step(0))()
         assert all(p.device == device for p in reference.model.parameters())
         assert data.x.device.type == "cpu"  # the runs' copy stays where the runs read it
+    assert perf.CPU.device.type == "cpu"  # the pass's device was passed along, not set for the module
 
 
 def test_a_device_this_machine_lacks_is_refused_in_one_line(perf, capsys, tmp_path):
@@ -157,9 +163,6 @@ def test_a_device_this_machine_lacks_is_refused_in_one_line(perf, capsys, tmp_pa
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_every_overhead_measure_runs_on_a_gpu(perf, monkeypatch):
-    monkeypatch.setattr(perf, "DEVICE", perf.DEVICE)
-    monkeypatch.setattr(perf, "DEVICE_NAME", perf.DEVICE_NAME)
-    perf.use_device("cuda")
-    measures = perf.overhead(True, dataset="synthetic", large="synthetic")
+def test_every_overhead_measure_runs_on_a_gpu(perf):
+    measures = perf.overhead(True, perf.Place.of("cuda"), dataset="synthetic", large="synthetic")
     assert len(measures) == 7 and all(m.value is not None for m in measures), [m.note for m in measures]

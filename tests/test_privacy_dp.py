@@ -12,7 +12,7 @@ import torch
 from fedgl.config import build_config
 from fedgl.errors import ConfigError
 from fedgl.privacy.config import SUPPORTED
-from fedgl.protocols.fedavg_group import flat_state
+from fedgl.protocols.fedavg.group import flat_state
 from fedgl.runner import Run
 
 dpa = pytest.importorskip("dp_accounting")
@@ -20,12 +20,13 @@ dpa = pytest.importorskip("dp_accounting")
 FEDAAS_PRESETS = ("fedaas", "fedcross", "fedaas-pns", "fedlocal", "fedall", "fedaas1", "fedaas2", "fedgraph-recon")
 
 
-def reference_epsilon(noise_multiplier: float, releases: int, delta: float = 1e-5) -> float:
-    """Epsilon of ``releases`` Gaussian releases, straight from dp-accounting's RDP accountant."""
+def reference_epsilon(noise_multiplier: float, load: float, delta: float = 1e-5) -> float:
+    """Epsilon of Gaussian releases whose squared sensitivities (in units of the noise's bound) add up to
+    ``load``, straight from dp-accounting's RDP accountant."""
     from dp_accounting import rdp
 
     accountant = rdp.RdpAccountant()
-    accountant.compose(dpa.GaussianDpEvent(noise_multiplier), releases)
+    accountant.compose(dpa.GaussianDpEvent(noise_multiplier / load**0.5))
     return accountant.get_epsilon(delta)
 
 
@@ -54,8 +55,8 @@ def observed(cfg: dict, folder) -> tuple[Run, list[tuple]]:
     return job, seen
 
 
-def dp(noise_multiplier: float, max_norm: float) -> dict:
-    return {"dp": {"noise_multiplier": noise_multiplier, "max_norm": max_norm}}
+def dp(noise_multiplier: float, max_norm: float, **options) -> dict:
+    return {"dp": {"noise_multiplier": noise_multiplier, "max_norm": max_norm, **options}}
 
 
 def test_fedaas_presets_and_glasu_offer_dp():
@@ -137,39 +138,35 @@ def test_fedaas_partials_equal_plain_ones_without_noise_or_clipping(tmp_path):
             assert a[key] == pytest.approx(b[key], abs=1e-5), (protocol, key)
 
 
-def released_per_node(job: Run, seen: list[tuple]) -> torch.Tensor:
-    """A FedAAS run's releases per node, read off the messages: one per target of a trainer's request
-    (its query), two per pick in a partial its owner sent (the partial and the pick's key)."""
-    part = job.protocol.router
-    global_id = {}
-    for c, name in enumerate(job.protocol.clients):
-        nodes = (part.owner == c).nonzero().flatten()
-        global_id[name] = torch.empty_like(nodes).index_copy_(0, part.local_index[nodes], nodes)
-    counts = torch.zeros(part.owner.numel(), dtype=torch.long)
+def exchange_load(job: Run, seen: list[tuple]) -> torch.Tensor:
+    """A FedAAS run's exchange load per client, read off the messages: an owner computes every partial
+    with its own model, so a partial of n picks costs (2 n)^2 to every node of its owner, each pick's key
+    2^2 more, and each query a trainer sends 2^2 to every node of the trainer."""
+    index = {name: c for c, name in enumerate(job.protocol.clients)}
+    load = torch.zeros(len(index), dtype=torch.float64)
     calls = [(dst, p) for _, src, dst, m, p, e in seen if m == "serve" and src == "server"]
     replies = [p for _, src, _, m, p, e in seen if m == "serve" and src != "server"]
     for (owner, call), reply in zip(calls, replies):
         for trainer, request in call["incoming"].items():
             sent = reply["shift"][trainer] > -float("inf")
-            picks = global_id[owner][request["u"][sent[request["pair"]]]]
-            counts += 2 * torch.bincount(picks, minlength=counts.numel())
+            rows = torch.bincount(request["pair"], minlength=sent.numel())[sent].double()
+            load[index[owner]] += float(((2 * rows) ** 2).sum()) + 4 * float(rows.sum())
     for _, src, _, m, p, e in seen:
         if m == "request" and src != "server" and p:
-            counts += torch.bincount(global_id[src][torch.unique(p["targets"])], minlength=counts.numel())
-    return counts
+            load[index[src]] += 4 * torch.unique(p["targets"]).numel()
+    return load
 
 
 def test_fedaas_epsilon_is_the_accountants_for_the_runs_releases(tmp_path):
     sigma, rounds = 2.0, 3
     job, seen = observed(fedaas(dp(sigma, 1.0), rounds=rounds), tmp_path / "run")
-    releases = released_per_node(job, seen)
-    most = int(releases.max())
-    assert most > rounds
-    summary = job.result.summary
-    assert summary["epsilon_model"] == pytest.approx(reference_epsilon(sigma, rounds))
-    assert summary["epsilon_embedding"] == pytest.approx(reference_epsilon(sigma, most))
-    assert summary["epsilon"] == pytest.approx(reference_epsilon(sigma, rounds + most))
-    assert summary["delta"] == 1e-5
+    load = exchange_load(job, seen)
+    assert float(load.max()) > 4 * rounds
+    summary = job.result.summary  # every client uploads every round: 2^2 each, to all its nodes
+    assert summary["epsilon_model"] == pytest.approx(reference_epsilon(sigma, 4 * rounds))
+    assert summary["epsilon_embedding"] == pytest.approx(reference_epsilon(sigma, float(load.max())))
+    assert summary["epsilon"] == pytest.approx(reference_epsilon(sigma, 4 * rounds + float(load.max())))
+    assert summary["delta"] == 1e-5 and "node-level" in summary["dp_adjacency"]
     per_round = [row["epsilon"] for row in job.result.metrics]
     assert per_round == sorted(per_round) and per_round[-1] == summary["epsilon"]
     assert "epsilon" not in Run(build_config(fedaas({}, rounds=1)), tmp_path / "p").execute(progress=False).summary
@@ -178,7 +175,7 @@ def test_fedaas_epsilon_is_the_accountants_for_the_runs_releases(tmp_path):
 def test_fedaas_dp_composes_with_secure_aggregation_and_resumes(tmp_path):
     """The masked sum decodes to the same noised average: the same run, the same budget; a resumed
     run reports the budget of an uninterrupted one."""
-    privacy = dp(0.05, 1.0)
+    privacy = dp(0.05, 1.0, replayable_noise=True)  # the same noise in both runs
     alone = Run(build_config(fedaas(privacy, rounds=3)), tmp_path / "dp").execute(progress=False)
     both = fedaas(privacy | {"secure_aggregation": True}, rounds=3) | {"checkpoint_every": 1}
     masked = Run(build_config(both), tmp_path / "both").execute(progress=False)
@@ -218,15 +215,15 @@ def test_glasu_epsilon_is_the_accountants_for_the_runs_releases(tmp_path):
     ``forward`` (one row per node and level) and every node at every level of each joint inference."""
     sigma = 3.0
     job, seen = observed(glasu(dp(sigma, 1.0), rounds=2), tmp_path / "run")
-    n = job.protocol.num_nodes
-    counts = torch.zeros(n, dtype=torch.long)
+    n, clients = job.protocol.num_nodes, len(job.protocol.clients)
+    load = 0.0  # every client's n rows come from its own trained model: (2 sqrt(n))^2 for every node
     for _, src, dst, m, p, evaluating in seen:
         if dst == "client0" and m in ("sample", "forward") and p.get("targets") is not None:
-            counts += torch.bincount(p["targets"], minlength=n)
+            load += clients * 4 * p["targets"].numel()
         if dst == "client0" and m == "infer" and p.get("h") is None:  # a joint inference starts
-            counts += len(job.protocol.levels)
+            load += clients * 4 * n * len(job.protocol.levels)
     summary = job.result.summary
-    assert summary["epsilon"] == pytest.approx(reference_epsilon(sigma, int(counts.max())))
+    assert summary["epsilon"] == pytest.approx(reference_epsilon(sigma, load))
     assert summary["delta"] == 1e-5
     assert [row["epsilon"] for row in job.result.metrics] == sorted(row["epsilon"] for row in job.result.metrics)
 
@@ -236,8 +233,8 @@ def test_glasu_dp_is_the_plain_run_without_noise_and_composes_with_secure_aggreg
     quiet = Run(build_config(glasu(dp(1e-9, 1e3))), tmp_path / "quiet").execute(progress=False).metrics[-1]
     for key in ("train_loss", "test_loss", "test_accuracy"):
         assert quiet[key] == pytest.approx(plain[key], abs=1e-4), key
-    noisy = Run(build_config(glasu(dp(0.5, 1.0))), tmp_path / "noisy").execute(progress=False)
-    masked = Run(build_config(glasu(dp(0.5, 1.0) | {"secure_aggregation": True})),
+    noisy = Run(build_config(glasu(dp(0.5, 1.0, replayable_noise=True))), tmp_path / "noisy").execute(progress=False)
+    masked = Run(build_config(glasu(dp(0.5, 1.0, replayable_noise=True) | {"secure_aggregation": True})),
                  tmp_path / "masked").execute(progress=False)
     assert masked.metrics[-1]["train_loss"] == pytest.approx(noisy.metrics[-1]["train_loss"], rel=1e-4)
     assert masked.summary["epsilon"] == noisy.summary["epsilon"]

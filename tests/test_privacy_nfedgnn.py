@@ -51,11 +51,16 @@ def test_epsilon_counts_every_training_and_scoring_release(tmp_path):
     dp_accounting = pytest.importorskip("dp_accounting")
     from dp_accounting import rdp
 
-    result = run(build_config(dp(1.2, 1.0) | {"train": {"rounds": 4}, "eval": {"every": 2}}), tmp_path)
+    job = Run(build_config(dp(1.2, 1.0) | {"train": {"rounds": 4}, "eval": {"every": 2}}), tmp_path)
+    chosen = []  # the users the server asked for a latent in each training round
+    job.transport.observers.append(lambda r, src, dst, method, payload, evaluating: chosen.append(payload["users"])
+                                   if method == "embed" and src == "server" and not evaluating else None)
+    result = job.execute(progress=False)
+    most = int(torch.bincount(torch.cat(chosen)).max())  # half the users a round, drawn by the server
     accountant = rdp.RdpAccountant()
-    gaussian = dp_accounting.GaussianDpEvent(1.2)
-    accountant.compose(dp_accounting.PoissonSampledDpEvent(0.5, gaussian), 4)  # half the users, 4 rounds
-    accountant.compose(gaussian, 2)  # every user's latent, at the 2 scorings
+    # no amplification: each round a user took part in, and each of the 2 scorings, is a full release of
+    # sensitivity 2 max_norm (its row substituted)
+    accountant.compose(dp_accounting.GaussianDpEvent(1.2 / 2), most + 2)
     assert result.summary["epsilon"] == pytest.approx(accountant.get_epsilon(1e-5), rel=1e-6)
     assert result.summary["delta"] == 1e-5 and "epsilon" in result.metrics[-1]
 
@@ -84,6 +89,7 @@ def test_a_cnfgnn_upload_is_the_adopted_weight_plus_a_clipped_noised_update(tmp_
     assert bool((norms > max_norm).any())
     noise = (sent - reference).flatten(1) - update * (max_norm / norms.clamp_min(max_norm))
     assert abs(float(noise.mean())) < 1e-3 and float(noise.std()) == pytest.approx(sigma, rel=0.05)
-    from fedgl.privacy.dp import epsilon
+    from fedgl.privacy.dp import gaussian_epsilon
 
-    assert stats["epsilon"] == pytest.approx(epsilon(sigma / max_norm, [1.0, 1.0], 1e-5), rel=1e-9)
+    # a latent and an upload, each of sensitivity 2 max_norm
+    assert stats["epsilon"] == pytest.approx(gaussian_epsilon(sigma / max_norm, 2 * 2**2, 1e-5), rel=1e-9)

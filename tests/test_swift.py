@@ -17,12 +17,13 @@ from fedgl.config import build_config, load_config
 from fedgl.data import load_dataset
 from fedgl.errors import ConfigError
 from fedgl.partition import partition_horizontal
-from fedgl.protocols import horizontal_client
+from fedgl.protocols.horizontal import shared
 from fedgl.models.graph import prepare_graph
 from fedgl.comm.payload import nbytes
-from fedgl.protocols.cross_client import CrossClient, CrossClientProtocol
-from fedgl.protocols.fedgnn_pns import PNSOptions, sampling_iterations
-from fedgl.protocols.llcg import LLCGClient
+from fedgl.protocols.horizontal.client import CrossClient
+from fedgl.protocols.horizontal.server import CrossClientProtocol
+from fedgl.protocols.horizontal.fedgnn_pns import PNSOptions, sampling_iterations
+from fedgl.protocols.horizontal.llcg import LLCGClient
 from fedgl.runner import Run, run
 
 M = 4
@@ -74,7 +75,7 @@ def test_cross_client_step_equals_centralized_computation(tmp_path, monkeypatch,
     gradient with the remote nodes' hidden embeddings held constant (the default stop-gradient) or,
     with ``remote_backprop`` (App. H.1), the centralized gradient itself. Computing on sparse
     feature rows changes nothing."""
-    monkeypatch.setattr(horizontal_client, "FEATURE_DENSITY", 1.0 if sparse else 0.0)
+    monkeypatch.setattr(shared, "FEATURE_DENSITY", 1.0 if sparse else 0.0)
     job = built({"name": "swift", "K": 1, "fanouts": [-1, -1], "batch_size": None, "min_aggregate": 1,
                  "remote_backprop": backprop}, tmp_path, model=model)
     result = one_cross_step(job, trainer=1)
@@ -347,7 +348,7 @@ def without_timings(row: dict) -> dict:
     ({"name": "fedgnn-g", "fanouts": [5, 3], "remote_backprop": True}, "gcn", {}),
     ({"name": "swift", "K": 3, "I": 1, "fanouts": [4, 4]}, "gin", {"secure_aggregation": True}),
     ({"name": "fedgnn-pns", "initial_interval": 2, "fanouts": [5, 3]}, "sage",
-     {"dp": {"noise_multiplier": 0.5, "max_norm": 1.0}})])
+     {"dp": {"noise_multiplier": 0.5, "max_norm": 1.0, "replayable_noise": True}})])
 def test_a_budget_that_batches_the_owners_changes_no_result(tmp_path, monkeypatch, protocol, model, privacy):
     """Under the tightest budget the server asks the owners in several batches and drops each
     batch's replies once added in; metrics, ledger and summary equal the unbatched run's bit for

@@ -14,7 +14,7 @@ from fedgl import lean_imports as _lean_imports  # noqa: E402
 
 _lean_imports.install()
 
-# The protocol registry (names only; each protocol module loads on first use) validates configs.
+# The protocols by name (each protocol module loads on first use).
 from fedgl import protocols  # noqa: E402
 from fedgl.api import UnreadSetting, load_config, run  # noqa: E402
 

@@ -54,7 +54,7 @@ def run(config: RunConfig | str | Path | dict[str, Any] | None = None, *, out_di
     ``metrics``, ``out_dir``, ``ledger()``, ``config_path``). As with ``fedgl run``, a folder holding a
     finished run is replaced only with ``overwrite=True``, and ``resume=True`` needs ``out_dir`` with
     a checkpoint."""
-    from .runner import API_NAMES, prepare, unread_settings
+    from .session import API_NAMES, prepare, unread_settings
 
     cfg = load_config(config, **overrides)
     for note in unread_settings(cfg):

@@ -84,7 +84,7 @@ def _paper_training_notes(cfg, config: str, sets: list[str]) -> list[str]:
 def _run(args: argparse.Namespace) -> int:
     from .config import load_config
     from .progress import human_bytes
-    from .runner import prepare, unread_settings
+    from .session import prepare, unread_settings
 
     overrides = [f"{key}={value}" for flag, key in _FLAGS.items() if (value := getattr(args, flag)) is not None]
     notes = _switched_protocol(args.config, args.protocol, overrides)
@@ -93,6 +93,8 @@ def _run(args: argparse.Namespace) -> int:
         notes += _paper_training_notes(cfg, args.config, list(args.set or []))
     for note in notes + unread_settings(cfg):
         print(f"fedgl: note: {note}", file=sys.stderr)
+    if cfg.privacy.dp is not None and cfg.privacy.dp.warning():
+        print(f"fedgl: warning: {cfg.privacy.dp.warning()}", file=sys.stderr)
     job = prepare(cfg, args.out, resume=args.resume, overwrite=args.overwrite)
     if args.resume:
         console().print(f"resuming from round {job.start_round}" if job.start_round <= cfg.train.rounds else
@@ -137,8 +139,11 @@ def _bench(args: argparse.Namespace) -> int:
     overrides = dict(parse_override(assignment) for assignment in args.set or [])
     task = get_task(args.task)
     out = Path(args.out) if args.out else Path("benchmarks") / "results" / task.name
+    if args.cluster and args.executor != "ray":
+        raise ConfigError("--cluster names the Ray cluster of --executor ray; add --executor ray")
     run_task(task, out, seeds=args.seeds, quick=args.quick, backend=args.backend, overrides=overrides,
-             only=args.only, rerun=args.rerun, console=console())
+             only=args.only, rerun=args.rerun, console=console(), jobs=args.jobs, executor=args.executor,
+             cluster=args.cluster)
     console().print(f"results: {out}")
     return 0
 
@@ -191,7 +196,7 @@ def _report(args: argparse.Namespace) -> int:
 def _partition(args: argparse.Namespace) -> int:
     from .config import load_config
     from .deployment import write_shards
-    from .runner import unread_settings
+    from .session import unread_settings
 
     cfg = load_config(args.config, list(args.set or []))
     for note in unread_settings(cfg):
@@ -207,9 +212,35 @@ def _partition(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    from .privacy.audit import audit_command
+    from .audit import audit_command
 
     return audit_command(Path(args.run_dir), console(), as_json=args.json, data_root=args.data_root)
+
+
+def _bench_parser(sub) -> None:
+    """``fedgl bench``: which runs of a task, and where they go (``--jobs``, ``--executor``, ``--cluster``)
+    apart from where each run's parties live (``--backend``)."""
+    b = sub.add_parser("bench", help="run a named benchmark task (no name: list them)")
+    b.add_argument("task", nargs="?")
+    b.add_argument("--list", action="store_true")
+    b.add_argument("--seeds", type=int, help="seeds per variant (default: the task's)")
+    b.add_argument("--quick", action="store_true", help="short smoke version of the task, one seed")
+    b.add_argument("--backend", choices=["local", "ray"],
+                   help="where each run's parties live (backend.name): in the run's process, or on Ray actors")
+    b.add_argument("--jobs", type=int, metavar="N", help="runs at once, each in its own process (default: one "
+                   "after another here; with --executor ray: as many as the cluster takes)")
+    b.add_argument("--executor", choices=["processes", "ray"], help="where the runs go: worker processes on "
+                   "this machine (the default with --jobs) or Ray tasks of one CPU each, whose run folders "
+                   "come back here")
+    b.add_argument("--cluster", metavar="ADDRESS", help="the Ray cluster of --executor ray (default: a new "
+                   "local Ray on loopback)")
+    b.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key in every run")
+    b.add_argument("--out", help="results folder (default benchmarks/results/<task>)")
+    b.add_argument("--only", action="append", metavar="LABEL",
+                   help="run only the variants whose label contains LABEL (repeatable)")
+    b.add_argument("--rerun", action="store_true",
+                   help="run again even where the folder holds a finished run with the same config")
+    b.set_defaults(func=_bench)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -234,19 +265,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help="print only the summary, as one JSON line")
     r.set_defaults(func=_run)
 
-    b = sub.add_parser("bench", help="run a named benchmark task (no name: list them)")
-    b.add_argument("task", nargs="?")
-    b.add_argument("--list", action="store_true")
-    b.add_argument("--seeds", type=int, help="seeds per variant (default: the task's)")
-    b.add_argument("--quick", action="store_true", help="short smoke version of the task, one seed")
-    b.add_argument("--backend", choices=["local", "ray"])
-    b.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key in every run")
-    b.add_argument("--out", help="results folder (default benchmarks/results/<task>)")
-    b.add_argument("--only", action="append", metavar="LABEL",
-                   help="run only the variants whose label contains LABEL (repeatable)")
-    b.add_argument("--rerun", action="store_true",
-                   help="run again even where the folder holds a finished run with the same config")
-    b.set_defaults(func=_bench)
+    _bench_parser(sub)
 
     d = sub.add_parser("datasets", help="list datasets and their status, or load them to check")
     d.add_argument("action", choices=["list", "check"])

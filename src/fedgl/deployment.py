@@ -79,7 +79,8 @@ def server_state(protocol: Any) -> dict[str, Any]:
 
 def write_shards(cfg: RunConfig, out: Path, data: Data | None = None) -> dict[str, Any]:
     """Partition as a run of ``cfg`` would and write the shard folder ``out``; returns the manifest."""
-    from .runner import config_hash, load_data
+    from .config.identity import config_hash
+    from .data import load_data
 
     if protocol_class(cfg.protocol_name).scenario == "central":
         raise ConfigError(f"protocol {cfg.protocol_name} has no parties: there is nothing to partition")
@@ -132,7 +133,7 @@ def _check_buildable(cfg: RunConfig, facts: dict[str, int], state: dict[str, Any
 
 def read_manifest(folder: Path, cfg: RunConfig) -> dict[str, Any]:
     """The shard folder's manifest, which must come from this config (up to where and how it runs)."""
-    from .runner import config_hash
+    from .config.identity import config_hash
 
     path = folder / MANIFEST
     try:
@@ -169,8 +170,6 @@ def load_evaluator(path: str) -> Evaluator:
 def deploy(cfg: RunConfig, transport: Transport) -> tuple[Any, Any]:
     """The server (a protocol with its state loaded) and the scoring harness of a run over
     ``backend.shards``; every party is made from its own file where it lives."""
-    from .runner import check_placements
-
     folder = Path(cfg.backend.shards or "")
     manifest = read_manifest(folder, cfg)
     check_placements(cfg.backend.parties, [party["name"] for party in manifest["parties"]])
@@ -190,3 +189,12 @@ def deploy(cfg: RunConfig, transport: Transport) -> tuple[Any, Any]:
                                   shard_path(cfg, party["name"], party["file"]), party["sha256"])
     evaluator = transport.evaluator_from_file(shard_path(cfg, EVALUATOR_PARTY, manifest["evaluator"]["file"]))
     return protocol, evaluator
+
+
+def check_placements(placements: dict[str, Any], parties: list[str]) -> None:
+    """``backend.parties`` may name only the run's parties and the scoring harness: a misspelt name
+    would silently leave its party unpinned."""
+    unknown = sorted(set(placements) - set(parties) - {EVALUATOR_PARTY})
+    if unknown:
+        raise ConfigError(f"backend.parties: this run has no party {', '.join(unknown)}; it has "
+                          f"{', '.join([*parties, EVALUATOR_PARTY])}")

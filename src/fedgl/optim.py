@@ -1,4 +1,4 @@
-"""Building a model and its optimiser from the run's config: the one place every party does it.
+"""Building an optimiser from the run's config: the one place every party does it.
 
 Parties that keep their parameters outside an optimiser object (a batched group of FedAvg clients,
 nFedGNN's users) update them with ``adam_update``/``sgd_update``: torch's own update as its optimisers
@@ -9,10 +9,9 @@ apply it on CPU, called directly. The optimiser objects' methods import ``torch.
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from .config import ModelConfig, TrainConfig
-from .models import build_model
+from .config import TrainConfig
 
 BETAS = (0.9, 0.999)
 EPS = 1e-8
@@ -43,7 +42,3 @@ def sgd_update(params: list[Tensor], grads: list[Tensor], *, lr: float, weight_d
         if weight_decay:
             grad = grad.add(param, alpha=weight_decay)
         param.add_(grad, alpha=-lr)
-
-
-def make_model(model: ModelConfig, in_dim: int, num_classes: int) -> nn.Module:
-    return build_model(model.name, in_dim, model.hidden, num_classes, model.layers, model.dropout, **model.options)

@@ -25,11 +25,12 @@ def status(row: dict[str, Any]) -> str:
 
 
 class RunProgress:
-    """``update(round, row)`` after every round (``row``: the metrics when the round was evaluated)."""
+    """``update(round, row)`` after every round (``row``: the metrics when the round was evaluated);
+    a bench counts its runs with it (``unit="run"``)."""
 
     def __init__(self, title: str, total: int, completed: int, *, enabled: bool = True,
-                 stream: TextIO | None = None):
-        self.title, self.total, self.first = title, total, completed
+                 stream: TextIO | None = None, unit: str = "round"):
+        self.title, self.total, self.first, self.unit = title, total, completed, unit
         self.enabled = enabled
         self.stream = stream or sys.stdout
         self.live = enabled and self.stream.isatty()
@@ -61,5 +62,5 @@ class RunProgress:
         elif self.enabled and (r % self.every == 0 or r == self.total):
             elapsed = time.perf_counter() - self.started
             eta = elapsed / max(r - self.first, 1) * (self.total - r)
-            print(f"{self.title}: round {r}/{self.total}  {self.last}  elapsed {elapsed:.0f} s  eta {eta:.0f} s",
+            print(f"{self.title}: {self.unit} {r}/{self.total}  {self.last}  elapsed {elapsed:.0f} s  eta {eta:.0f} s",
                   file=self.stream, flush=True)

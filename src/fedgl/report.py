@@ -17,6 +17,7 @@ from rich.table import Table
 from .errors import ConfigError
 from .progress import human_bytes
 from .results import CONFIG, SUMMARY, load_run, plot_curves, round_unit
+from .tables import markdown_table
 
 # summary key -> column header (short, so the table fits a terminal)
 COLUMNS = {
@@ -140,9 +141,8 @@ def report(folders: list[Path], out: Path | None, console: Console, html_path: P
     try:
         if out:
             out.mkdir(parents=True, exist_ok=True)
-            lines = ["| run | " + " | ".join(COLUMNS.values()) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
-            lines += [f"| {name} | " + " | ".join(_fmt(key, s.get(key)) for key in COLUMNS) + " |"
-                      for name, (s, _, _) in runs.items()]
+            lines = markdown_table(["run", *COLUMNS.values()], [[name, *(_fmt(key, s.get(key)) for key in COLUMNS)]
+                                                                for name, (s, _, _) in runs.items()])
             (out / REPORT_MD).write_text("\n".join(lines) + "\n")
             (out / REPORT_PNG).write_bytes(png)
             written += [out / REPORT_MD, out / REPORT_PNG]

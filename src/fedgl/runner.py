@@ -1,9 +1,10 @@
-"""Running one configured federation: rounds, evaluation, target stop, checkpoints, results."""
+"""Running one configured federation: rounds, evaluation, target stop, checkpoints, results.
+
+The guard a user's request passes first (the results folder, a resume) is ``session``; what a run is
+(its flat keys and hash) is ``config.identity``."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import pickle
 import shutil
@@ -19,11 +20,12 @@ import torch
 import yaml
 
 from .comm import NetworkModel, make_transport
-from .device import to_wire
 from .comm.ledger import SERVER
-from .comm.shard_file import EVALUATOR_PARTY
 from .config import RunConfig
-from .data import load_dataset
+from .config.identity import config_hash, flat_config, resumable_change
+from .data import load_data
+from .deployment import check_placements, deploy
+from .device import to_wire
 from .errors import ConfigError, PartyFailure, RunFailed
 from .files import write_atomically
 from .evaluation import Evaluator
@@ -34,12 +36,6 @@ from .results import (CONFIG, FINISHED, LEDGER, METRICS, PLOT, SUMMARY, best_row
 from .tracking import Tracking
 
 CHECKPOINT = "checkpoint.pt"
-# Keys a resumed run may change: how long it runs, where, and what it records, not what it computes.
-# ``device`` is left out of a run's identity too (a shard folder runs on any device), but a checkpoint
-# resumes only on the device it was made on (``Run.resume``).
-RESUMABLE_CHANGES = ("train.rounds", "checkpoint_every", "threads", "device", "backend.name", "backend.address",
-                     "backend.actors", "backend.shards", "backend.parties", "logging", "privacy.record_messages",
-                     "protocol.memory_budget_mb")
 
 
 @dataclass
@@ -104,30 +100,6 @@ class StopAfterRound:
             signal.signal(signal.SIGINT, self._previous)
 
 
-def flat_config(cfg: RunConfig) -> dict[str, Any]:
-    """The resolved config as {dotted key: value}."""
-    def walk(node: Any, prefix: str) -> dict[str, Any]:
-        if isinstance(node, dict):
-            return {k: v for key, child in node.items() for k, v in walk(child, f"{prefix}{key}.").items()}
-        return {prefix[:-1]: node}
-    return walk(cfg.model_dump(mode="json"), "")
-
-
-def resumable_change(key: str) -> bool:
-    return any(key == k or key.startswith(f"{k}.") for k in RESUMABLE_CHANGES)
-
-
-def config_hash(cfg: RunConfig) -> str:
-    """What the run computes, as a short hash (keys a resume may change are left out)."""
-    kept = {k: v for k, v in flat_config(cfg).items() if not resumable_change(k)}
-    return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def load_data(cfg: RunConfig):
-    d = cfg.dataset
-    return load_dataset(d.name, d.data_root, split=d.split, seed=cfg.seed, **d.options)
-
-
 class Run:
     """One federation from a config: build it, train it round by round, write its folder."""
 
@@ -158,8 +130,6 @@ class Run:
                 self.recorder = MessageRecorder(self.out_dir / "messages")
                 self.transport.observers.append(self.recorder)
             if b.shards:  # deployment: the driver holds the manifest and the server's state, never the dataset
-                from .deployment import deploy
-
                 self.protocol, self.evaluator = deploy(cfg, self.transport)
             else:
                 self.evaluator = Evaluator(data)
@@ -213,7 +183,7 @@ class Run:
 
     def resume(self) -> bool:
         """Continue from the folder's checkpoint, which must come from this config (up to
-        ``RESUMABLE_CHANGES``). Every checkpoint file holds tensors and plain data only and is read
+        ``config.identity.RESUMABLE_CHANGES``). Every checkpoint file holds tensors and plain data only and is read
         with ``weights_only=True``: a file that would run code when loaded is refused with one line."""
         path = self.out_dir / CHECKPOINT
         if not path.exists():
@@ -416,97 +386,3 @@ def run(cfg: RunConfig, out_dir: str | Path | None = None, *, resume: bool = Fal
         job.close()
         raise ConfigError(f"cannot resume: {job.out_dir} holds no checkpoint")
     return job.execute(progress=progress)
-
-
-def check_placements(placements: dict[str, Any], parties: list[str]) -> None:
-    """``backend.parties`` may name only the run's parties and the scoring harness: a misspelt name
-    would silently leave its party unpinned."""
-    unknown = sorted(set(placements) - set(parties) - {EVALUATOR_PARTY})
-    if unknown:
-        raise ConfigError(f"backend.parties: this run has no party {', '.join(unknown)}; it has "
-                          f"{', '.join([*parties, EVALUATOR_PARTY])}")
-
-
-# Settings a scenario's partitioning never reads, and why, told to a user who set one.
-UNREAD = {
-    "central": (("partition.",), "{protocol} trains one party on the whole graph"),
-    "node-level": (("partition.",), "in {protocol} every node is its own user"),
-    "vertical": (("partition.alpha", "partition.edge_drop", "partition.cross_edge_drop", "partition.client_nodes"),
-                 "it shapes horizontal partitions, and {protocol} splits features"),
-    "horizontal": (("partition.edge_keep", "partition.label_holder"),
-                   "it shapes vertical partitions, and {protocol} splits nodes"),
-}
-
-
-def unread_settings(cfg: RunConfig) -> list[str]:
-    """One note per setting given a value other than its default that this run never reads. Running
-    another protocol from the same YAML is normal, so these are notes, not errors."""
-    scenario = protocol_class(cfg.protocol_name).scenario
-    prefixes, why = UNREAD.get(scenario, ((), ""))
-    reasons = dict.fromkeys(prefixes, why.format(protocol=cfg.protocol_name))
-    if scenario == "horizontal" and not cfg.partition.method.startswith("dirichlet"):
-        reasons["partition.alpha"] = f"only the dirichlet methods read it, not {cfg.partition.method}"
-    if cfg.backend.name == "local":
-        reasons |= dict.fromkeys(("backend.address", "backend.actors", "backend.connect_timeout_s"),
-                                 "it is Ray's, and the backend is local")
-    if cfg.backend.on_client_failure != "retry":
-        reasons["backend.max_retries"] = f"only on_client_failure: retry reads it, not {cfg.backend.on_client_failure}"
-    defaults = flat_config(RunConfig(protocol={"name": cfg.protocol_name}))
-    return [f"{key} ({value}) is not read: {reason}" for key, value in flat_config(cfg).items()
-            if value != defaults.get(key) for prefix, reason in reasons.items() if key.startswith(prefix)]
-
-
-# How a user names the results folder and its options: on the command line, or in ``fedgl.run``.
-CLI_NAMES = {"out": "--out", "overwrite": "--overwrite", "resume": "--resume"}
-API_NAMES = {"out": "out_dir", "overwrite": "overwrite=True", "resume": "resume=True"}
-
-
-def check_out_dir(out: Path, *, resume: bool, overwrite: bool, names: dict[str, str] = CLI_NAMES) -> None:
-    """Refuse a results folder that would silently lose a finished run, or that cannot be one."""
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"{names['out']} {out} is a file, not a folder")
-    if resume and not out.exists():  # not made: there is nothing to continue
-        raise ConfigError(f"cannot resume: {out} holds no checkpoint (it does not exist)")
-    if (out / FINISHED).exists() and not (resume or overwrite):
-        raise ConfigError(f"{names['out']} {out} holds a finished run; pass {names['overwrite']} to replace it or "
-                          f"choose another folder")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".fedgl-write-test"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as err:
-        raise ConfigError(f"{names['out']} {out} cannot be written: {err.strerror or err}") from None
-
-
-def remove_if_empty(folder: Path) -> None:
-    """Remove ``folder`` if it holds no file (only, perhaps, empty folders such as ``messages/``)."""
-    if folder.is_dir() and not any(p.is_file() for p in folder.rglob("*")):
-        shutil.rmtree(folder)
-
-
-def prepare(cfg: RunConfig, out_dir: str | Path | None, *, resume: bool = False, overwrite: bool = False,
-            names: dict[str, str] = CLI_NAMES) -> Run:
-    """The run a user asked for (the ``fedgl run`` command and ``fedgl.run``): a folder holding a
-    finished run is replaced only when asked, and a resume needs a folder with a checkpoint."""
-    made = not out_dir or not Path(out_dir).exists()
-    if out_dir:
-        check_out_dir(Path(out_dir), resume=resume, overwrite=overwrite, names=names)
-    elif resume:
-        raise ConfigError(f"{names['resume']} needs {names['out']}: the folder of the run to continue")
-    if resume and not (Path(out_dir) / CHECKPOINT).exists():  # before the data loads and the parties start
-        raise ConfigError(f"cannot resume: {out_dir} holds no checkpoint (set checkpoint_every to write them)")
-    folder = Path(out_dir) if out_dir else default_out_dir(cfg)
-    try:
-        job = Run(cfg, folder)
-    except BaseException:
-        if made:  # a run refused while it sets up leaves no folder of its own behind, only files it wrote
-            remove_if_empty(folder)
-        raise
-    if resume:
-        try:
-            job.resume()
-        except BaseException:
-            job.close()
-            raise
-    return job

@@ -18,6 +18,7 @@ MODULES: dict[str, str] = {
     "swift": "fedgl.bench.swift",
     "fedaas": "fedgl.bench.fedaas",
     "fedaas-table1": "fedgl.bench.fedaas_table1",
+    "privacy": "fedgl.bench.privacy",
 }
 
 

@@ -4,7 +4,9 @@ A task is data: a base config, variants (each a label, config overrides and the 
 it) and the summary columns to report. Results go to ``results.json`` (every run's summary),
 ``table.md`` and ``table.json`` in the task's folder, with each run's own folder beneath it. A task
 whose numbers need no training (e.g. partition statistics) gives ``compute``, which makes a run's
-summary from its config; everything else, folders and tables included, stays the same.
+summary from its config; everything else, folders and tables included, stays the same. The runs go one
+after another here or, spread over worker processes or Ray tasks, through ``executor``; ``cost.json``
+records what they took.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import copy
 import json
 import statistics
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -24,7 +27,10 @@ from ..config import RunConfig, build_config, set_key
 from ..errors import ConfigError
 from ..protocols import protocol_class
 from ..results import CONFIG, FINISHED, SUMMARY, write_json
-from ..runner import run
+from ..tables import markdown_table
+from .executor import EXECUTORS, Outcome, RunJob, execute, run_jobs
+
+COST = "cost.json"  # what the task's runs cost: CPU seconds summed over them, wall seconds of the whole task
 
 
 @dataclass
@@ -146,17 +152,6 @@ def finished_summary(folder: Path, cfg: RunConfig) -> dict[str, Any] | None:
     return found
 
 
-def computed_summary(task: BenchTask, cfg: RunConfig, folder: Path) -> dict[str, Any]:
-    """``task.compute``'s summary, left in ``folder`` as a finished run leaves it (config and
-    summary), so it is reused the same way."""
-    summary = task.compute(cfg)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / CONFIG).write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
-    write_json(folder / SUMMARY, summary)
-    (folder / FINISHED).write_text("computed\n")
-    return summary
-
-
 def within(entry: dict[str, Any], tolerance: float) -> bool | None:
     """Whether an aggregated cell's mean is within ``tolerance`` of the paper's number (None: no pair)."""
     if entry["mean"] is None or entry["paper"] is None:
@@ -164,14 +159,55 @@ def within(entry: dict[str, Any], tolerance: float) -> bool | None:
     return abs(entry["mean"] - entry["paper"]) <= tolerance
 
 
+def plan_runs(task: BenchTask, variants: list[Variant], n_seeds: int, extra: dict[str, Any],
+              out: Path) -> list[RunJob]:
+    """Every run of the task, variant by variant and seed by seed: the order ``derive`` sees them in."""
+    return [RunJob(variant.label, seed, variant_config(task, variant, seed, extra),
+                   out / "runs" / f"{variant.label}-seed{seed}".replace(" ", "_").replace("/", "-"), task.compute)
+            for variant in variants for seed in range(n_seeds)]
+
+
+def placement(jobs: int | None, executor: str | None, pending: int) -> tuple[str, int]:
+    """Where the runs go and how many at once: one after another here (``sequential``) unless ``jobs``
+    or ``executor`` asks for workers; Ray without ``jobs`` gets every pending run at once."""
+    if executor is not None and executor not in EXECUTORS:
+        raise ConfigError(f"unknown executor {executor!r}; allowed: {', '.join(EXECUTORS)}")
+    if jobs is not None and jobs < 1:
+        raise ConfigError(f"--jobs must be at least 1 (got {jobs})")
+    if executor is None and jobs in (None, 1):
+        return "sequential", 1
+    executor = executor or "processes"
+    return executor, jobs or (max(pending, 1) if executor == "ray" else 1)
+
+
+def execute_runs(task: BenchTask, total: int, todo: list[RunJob], console: Console, executor: str, workers: int,
+                 cluster: str | None) -> list[Outcome]:
+    """The runs not reused: one after another here, or spread over worker processes or Ray tasks."""
+    if executor == "sequential" or not todo:
+        outcomes = []
+        for job in todo:
+            console.print(f"[dim]{task.name}: {job.name}[/dim]")
+            outcomes.append(execute(job))
+        return outcomes
+    if any(job.cfg.backend.name == "ray" for job in todo):
+        raise ConfigError("--jobs and --executor run each run whole in one process, and backend ray spreads a "
+                          "run's parties over Ray actors: use one or the other")
+    return run_jobs(todo, title=task.name, total=total, workers=workers, executor=executor, cluster=cluster)
+
+
 def run_task(task: BenchTask, out_dir: str | Path, *, seeds: int | None = None, quick: bool = False,
              backend: str | None = None, overrides: dict[str, Any] | None = None, only: list[str] | None = None,
-             rerun: bool = False, console: Console | None = None) -> dict[str, Any]:
+             rerun: bool = False, console: Console | None = None, jobs: int | None = None,
+             executor: str | None = None, cluster: str | None = None) -> dict[str, Any]:
     """Run (or reuse) every selected variant over every seed, then aggregate and write the tables.
 
     A run whose folder already holds a summary made with the same config is reused unless ``rerun``,
     so an interrupted task continues where it stopped and new seeds or variants can be added later.
+    ``jobs`` runs at once, each in a worker process (``executor="processes"``, the default with
+    ``jobs``) or a Ray task (``"ray"``, on ``cluster`` or a local Ray); the tables are those of one run
+    after another. ``cost.json`` records what the runs took.
     """
+    started = time.perf_counter()
     console = console or Console()
     variants = select_variants(task, only)
     out = Path(out_dir)
@@ -180,39 +216,47 @@ def run_task(task: BenchTask, out_dir: str | Path, *, seeds: int | None = None, 
     extra = {**(task.quick if quick else {}), **(overrides or {})}
     if backend:
         extra["backend.name"] = backend
+    planned = plan_runs(task, variants, n_seeds, extra, out)
+    summaries = [None if rerun else finished_summary(job.folder, job.cfg) for job in planned]
+    for job, summary in zip(planned, summaries):
+        if summary is not None:
+            console.print(f"[dim]{task.name}: {job.name} (reused)[/dim]")
+    todo = [i for i, summary in enumerate(summaries) if summary is None]
+    where, workers = placement(jobs, executor, len(todo))
+    outcomes = execute_runs(task, len(planned), [planned[i] for i in todo], console, where, workers, cluster)
+    for i, outcome in zip(todo, outcomes):
+        summaries[i] = outcome.summary
     runs: list[dict[str, Any]] = []
-    for variant in variants:
-        for seed in range(n_seeds):
-            cfg = variant_config(task, variant, seed, extra)
-            folder = out / "runs" / f"{variant.label}-seed{seed}".replace(" ", "_").replace("/", "-")
-            summary = None if rerun else finished_summary(folder, cfg)
-            console.print(f"[dim]{task.name}: {variant.label} seed {seed}{' (reused)' if summary else ''}[/dim]")
-            if summary is None:
-                summary = run(cfg, folder).summary if task.compute is None else computed_summary(task, cfg, folder)
-            if task.derive:
-                summary |= task.derive(summary)
-            runs.append({"variant": variant.label, "seed": seed, "folder": str(folder), **summary})
-    rows = []
-    for variant in variants:
-        mine = [r for r in runs if r["variant"] == variant.label]
-        row: dict[str, Any] = {"variant": variant.label}
-        for column in task.columns:
-            values = [r.get(column) for r in mine]
-            mean, std = aggregate(values)
-            row[column] = {"mean": mean, "std": std, "paper": variant.reference.get(column),
-                           "runs": sum(v is not None for v in values), "of": len(values)}
-            if column in task.tolerance:
-                row[column]["pass"] = within(row[column], task.tolerance[column])
-        rows.append(row)
+    for job, summary in zip(planned, summaries):
+        if task.derive:
+            summary |= task.derive(summary)
+        runs.append({"variant": job.variant, "seed": job.seed, "folder": str(job.folder), **summary})
+    rows = [_row(task, variant, [r for r in runs if r["variant"] == variant.label]) for variant in variants]
     result = {"task": task.name, "description": task.description, "source": task.source, "seeds": n_seeds,
               "quick": quick, "rows": rows}
     (out / "results.json").write_text(json.dumps(runs, indent=2, default=float))
     (out / "table.json").write_text(json.dumps(result, indent=2, default=float))
     (out / "table.md").write_text(render_markdown(task, rows, n_seeds))
+    if todo:  # a task whose runs were all reused keeps the cost of the invocation that ran them
+        write_json(out / COST, {"runs": len(planned), "ran": len(todo), "executor": where, "jobs": workers,
+                                "cpu_s": sum(o.cpu_s for o in outcomes), "wall_s": time.perf_counter() - started})
     console.print(render_table(task, rows, n_seeds))
     if task.finish:
         task.finish(out)
     return result
+
+
+def _row(task: BenchTask, variant: Variant, mine: list[dict[str, Any]]) -> dict[str, Any]:
+    """A variant's row: each column's mean ± std over its runs, beside the paper's number."""
+    row: dict[str, Any] = {"variant": variant.label}
+    for column in task.columns:
+        values = [r.get(column) for r in mine]
+        mean, std = aggregate(values)
+        row[column] = {"mean": mean, "std": std, "paper": variant.reference.get(column),
+                       "runs": sum(v is not None for v in values), "of": len(values)}
+        if column in task.tolerance:
+            row[column]["pass"] = within(row[column], task.tolerance[column])
+    return row
 
 
 def _header(task: BenchTask) -> list[str]:
@@ -247,8 +291,7 @@ def render_markdown(task: BenchTask, rows: list[dict[str, Any]], seeds: int) -> 
     header = _header(task)
     lines = [f"# {task.name}", "", task.description, "", f"Mean ± std over {seeds} seed(s).",
              f"Paper numbers: {task.source}" if task.source else "", "",
-             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_cells(task, row)) + " |" for row in rows]
+             *markdown_table(header, [_cells(task, row) for row in rows])]
     return "\n".join(lines) + "\n"
 
 

@@ -41,6 +41,8 @@ import sys
 from functools import cache
 from pathlib import Path
 
+from ..tables import markdown_table
+
 ROOT = Path(__file__).resolve().parents[3]
 BLOCK = re.compile(r"(<!-- table: (?P<path>\S+)(?P<select>[^\n]*?) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
 
@@ -75,10 +77,7 @@ def select(lines: list[str], selection: str) -> list[str]:
     body = [line for line in lines[2:] if rows is None or rows in cells(line)[0]]
     if not body:
         raise ValueError(f"no row{'' if rows is None else f' whose first cell contains {rows!r}'}")
-
-    def fmt(row: list[str]) -> str:
-        return "| " + " | ".join(row[i] for i in keep) + " |"
-    return [fmt(header), "|" + "---|" * len(keep), *(fmt(cells(line)) for line in body)]
+    return markdown_table([header[i] for i in keep], [[row[i] for i in keep] for row in map(cells, body)])
 
 
 def blocks(text: str) -> list[tuple[str, str, list[str]]]:

@@ -1,8 +1,8 @@
 """FedAAS bench tasks (fedaas.txt, §7): the paper's numbers beside ours.
 
 ``fedaas-table2-<dataset>`` is Table 2 (final test accuracy, macro-F1, AUC at round 50 over 3 seeds)
-for FedCross, GraphFed (reconstructed: ``protocols/similarity.py``), FedPNS (the FedAAS paper's version),
-FedGraph (reconstructed: ``protocols/fanout_policy.py``) and FedAAS, iid (stratified) and non-iid
+for FedCross, GraphFed (reconstructed: ``protocols/fedaas/similarity.py``), FedPNS (the FedAAS paper's version),
+FedGraph (reconstructed: ``protocols/fedaas/fanout_policy.py``) and FedAAS, iid (stratified) and non-iid
 (Dirichlet α = 0.5, per class as the paper says, or per client as the authors' code draws it).
 ``fedaas-cost`` is Fig. 4's comparison on CS: embedding bytes (the paper's communication cost) and
 total bytes until the test accuracy first reaches 80%, written to ``cost.md`` beside the table.
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..results import read_jsonl
+from ..tables import markdown_table
 from .core import BenchTask, Variant
 
 SOURCE = "fedaas.txt (FedAAS, SIGMOD 2024), Table 2 and Figs. 4, 6-10"
@@ -147,16 +148,14 @@ def write_cost(folder: Path) -> None:
     lines = [f"# fedaas-cost: bytes until test accuracy ≥ {TARGET:.0%} (CS, iid, 50 clients)", "",
              "Embedding MB = bytes of the cross-client calls (request, serve, finish), the paper's communication "
              "cost; total MB adds models and control.", "",
-             "| variant | seed | round | embedding MB | total MB |", "|---|---|---|---|---|"]
-    for r in rows:
-        reached = r["round"] is not None
-        lines.append(f"| {r['variant']} | {r['seed']} | {r['round'] if reached else 'not reached'} | "
-                     + (f"{r['embedding_mb']:.2f} | {r['total_mb']:.2f} |" if reached else "— | — |"))
+             *markdown_table(["variant", "seed", "round", "embedding MB", "total MB"],
+                             [[r["variant"], r["seed"], "not reached", "—", "—"] if r["round"] is None else
+                              [r["variant"], r["seed"], r["round"], f"{r['embedding_mb']:.2f}", f"{r['total_mb']:.2f}"]
+                              for r in rows])]
     saved = [f"# fedaas-cost: FedAAS's savings until test accuracy ≥ {TARGET:.0%} (CS, iid, 50 clients)", "",
              "Saving = 1 - FedAAS / baseline, in % of bytes (the paper's unit), per seed, then the mean over the "
-             "seeds where both reached the target (runs in cost.md).", "",
-             "| FedAAS variant | baseline | seeds | embedding saving | total saving | paper saving |",
-             "|---|---|---|---|---|---|"]
+             "seeds where both reached the target (runs in cost.md).", ""]
+    savings = []
     by_run = {(r["variant"], r["seed"]): r for r in rows if r["round"] is not None}
     ours = sorted({r["variant"] for r in rows if r["variant"].startswith("FedAAS")})
     baselines = sorted({r["variant"] for r in rows} - set(ours))
@@ -167,8 +166,9 @@ def write_cost(folder: Path) -> None:
                 continue
             embedding, total = (statistics.mean(100 * (1 - a[key] / b[key]) for a, b in pairs)
                                 for key in ("embedding_mb", "total_mb"))
-            saved.append(f"| {mine} | {other} | {len(pairs)} | {embedding:.2f} | {total:.2f} | "
-                         f"{COST_PAPER.get(other, '')} |")
+            savings.append([mine, other, len(pairs), f"{embedding:.2f}", f"{total:.2f}", COST_PAPER.get(other, "")])
+    saved += markdown_table(["FedAAS variant", "baseline", "seeds", "embedding saving", "total saving", "paper saving"],
+                            savings)
     (folder / "cost.md").write_text("\n".join(lines) + "\n")
     (folder / "savings.md").write_text("\n".join(saved) + "\n")
     (folder / "cost.json").write_text(json.dumps(rows, indent=2))

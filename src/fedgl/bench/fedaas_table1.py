@@ -19,7 +19,7 @@ import torch
 
 from ..config import RunConfig
 from ..partition import HorizontalPartition, horizontal_from_config
-from ..runner import load_data
+from ..data import load_data
 from .core import BenchTask, Variant
 
 PAPER = "Li et al., FedAAS (Proc. ACM Manag. Data 2(3), 2024), Table 1"

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..results import read_jsonl
+from ..tables import markdown_table
 from .core import BenchTask, Variant
 
 SOURCE = "swift-fedgnn.txt (Swift-FedGNN), Tables 1-4 and 7-13"
@@ -249,14 +250,14 @@ def ratios(task_dir: str | Path) -> Path:
     for label in dict.fromkeys(r["variant"] for r in runs):
         values = [[r[c] for r in runs if r["variant"] == label and r[c] is not None] for c in columns]
         means[label] = [sum(v) / len(v) if v else None for v in values]
-    lines = ["| variant | MB per step | cross-client MB per step | cross-client MB per communicating iteration | "
-             "FedGNN-G ÷ variant: total per step | cross-client per step | cross-client per communicating iteration |",
-             "|---|---|---|---|---|---|---|"]
+    header = ["variant", "MB per step", "cross-client MB per step", "cross-client MB per communicating iteration",
+              "FedGNN-G ÷ variant: total per step", "cross-client per step",
+              "cross-client per communicating iteration"]
     full = means.get("FedGNN-G")
-    for label, values in means.items():
-        cells = [f"{v:.3f}" if v is not None else "—" for v in values]
-        cells += [f"{f / v:.2f}" if full and f and v else "—" for f, v in zip(full or values, values)]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines = markdown_table(header, [
+        [label, *(f"{v:.3f}" if v is not None else "—" for v in values),
+         *(f"{f / v:.2f}" if full and f and v else "—" for f, v in zip(full or values, values))]
+        for label, values in means.items()])
     path = task_dir / "ratios.md"
     path.write_text(f"# {task_dir.name}: bytes against FedGNN-G\n\n" + "\n".join(lines) + "\n")
     return path

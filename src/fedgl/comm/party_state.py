@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from pydantic import BaseModel
 
+from .stored_paths import current_path
+
 TAG = "__fedgl_state__"  # marks the dicts ``plain`` makes of values other than tensors and plain data
 PRIMITIVES = (int, float, complex, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
 # Code, and configuration (the resumed run's own config applies, e.g. its number of rounds)
@@ -135,7 +137,8 @@ def _restore_tagged(current: Any, saved: dict) -> Any:
     if kind == "config":
         return own_class(saved["class"]).model_validate(saved["data"])
     if kind == "object":
-        target = current if current is not None and _class_path(type(current)) == saved["class"] else None
+        same = current is not None and _class_path(type(current)) == current_path(saved["class"])
+        target = current if same else None
         if target is None:
             cls = own_class(saved["class"])
             target = cls.__new__(cls)
@@ -147,7 +150,7 @@ def _restore_tagged(current: Any, saved: dict) -> Any:
 
 def own_class(path: str) -> type:
     """One of fedgl's own classes by its ``module:qualname`` path; nothing else is ever looked up."""
-    module, _, qualname = path.partition(":")
+    module, _, qualname = current_path(path).partition(":")
     cls: Any = None
     if module.split(".")[0] == "fedgl":
         try:

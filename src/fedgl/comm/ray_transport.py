@@ -61,6 +61,23 @@ def _start_local(ray: Any) -> None:
                 os.environ[key] = value
 
 
+def init_ray(ray: Any, address: str | None, connect_timeout_s: float) -> bool:
+    """Ray for this process: the cluster at ``address``, else a new local instance; nothing when Ray is
+    already initialised here. True when this call opened it (and its caller shuts it down)."""
+    if address:
+        check_reachable(address, connect_timeout_s)
+    if ray.is_initialized():
+        return False
+    try:
+        if address:
+            ray.init(address=address, log_to_driver=False, runtime_env={"env_vars": WORKER_ENV})
+        else:
+            _start_local(ray)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise ConfigError(f"cannot start or reach Ray at {address or 'a local instance'}: {exc}") from exc
+    return True
+
+
 class _Array:
     """A dense CPU tensor on its way through Ray, as the numpy array Ray moves without pickling its
     bytes: FedAvg's 3.7 MB of Cora model rows make a round trip to an actor in 7 ms this way, against
@@ -171,19 +188,7 @@ class RayTransport(Transport):
         except ImportError as exc:
             raise ConfigError("backend 'ray' needs the ray package: pip install 'fedgl[ray]'") from exc
         self._ray = ray
-        if address:
-            check_reachable(address, connect_timeout_s)
-        if not ray.is_initialized():
-            try:
-                if address:
-                    ray.init(address=address, log_to_driver=False, runtime_env={"env_vars": WORKER_ENV})
-                else:
-                    _start_local(ray)
-            except (ConnectionError, RuntimeError, ValueError) as exc:
-                raise ConfigError(f"cannot start or reach Ray at {address or 'a local instance'}: {exc}") from exc
-            self._owns_ray = True
-        else:
-            self._owns_ray = False
+        self._owns_ray = init_ray(ray, address, connect_timeout_s)
         if self._device == "cuda" and not ray.cluster_resources().get("GPU"):  # no host could ever start
             if self._owns_ray:
                 ray.shutdown()

@@ -35,6 +35,7 @@ __all__ = [
     "check_dataset",
     "dataset_names",
     "dataset_status",
+    "load_data",
     "load_dataset",
     "make_csbm",
     "resolve_data_root",
@@ -108,6 +109,12 @@ def load_dataset(name: str, root: str | None = None, *, split: str = "default", 
         x, y, edge_index = x.clone(), y.clone(), edge_index.clone()
     return Data(x=x, y=y, edge_index=edge_index, train_mask=train, val_mask=val,
                 test_mask=test, name=name, num_classes=int(y.max()) + 1)
+
+
+def load_data(cfg) -> Data:
+    """The dataset a run's config names (its ``dataset`` section, split with the run's ``seed``)."""
+    d = cfg.dataset
+    return load_dataset(d.name, d.data_root, split=d.split, seed=cfg.seed, **d.options)
 
 
 def check_dataset(name: str, root: str | None = None) -> dict[str, Any]:

@@ -1,5 +1,8 @@
-"""GNN backbones and the graph inputs they consume."""
+"""GNN backbones and the graph inputs they consume; ``make_model``: every party builds its model here."""
 
+from torch import nn
+
+from fedgl.config import ModelConfig
 from fedgl.models.backbones import GAT, GCN, GCNII, GIN, MODEL_NAMES, Backbone, GraphSAGE, build_model
 from fedgl.models.graph import (
     GraphInput,
@@ -9,6 +12,12 @@ from fedgl.models.graph import (
     prepare_graph,
     select_rows,
 )
+
+
+def make_model(model: ModelConfig, in_dim: int, num_classes: int) -> nn.Module:
+    """The backbone a run's ``model`` section describes."""
+    return build_model(model.name, in_dim, model.hidden, num_classes, model.layers, model.dropout, **model.options)
+
 
 __all__ = [
     "GAT",
@@ -22,6 +31,7 @@ __all__ = [
     "SparseOperator",
     "as_model_input",
     "build_model",
+    "make_model",
     "prepare_block",
     "prepare_graph",
     "select_rows",

@@ -84,7 +84,7 @@ def client_graph(edge_index: Tensor, num_nodes: int, use_graph: bool = True) -> 
 
 # ---- features ------------------------------------------------------------------------------------
 @dataclass(frozen=True, eq=False)
-class Rows:
+class FeatureRows:
     """Rows of a client's feature block: dense, or CSR pieces when the block is sparse (bag-of-words
     blocks are about 1% nonzero), so the input layer costs O(nonzeros) (:func:`linear_in`).
 
@@ -97,26 +97,27 @@ class Rows:
     crow: Tensor | None = None
     col: Tensor | None = None
     val: Tensor | None = None
-    parent: "Rows | None" = None  # the rows these were selected from (sparse only)
+    parent: "FeatureRows | None" = None  # the rows these were selected from (sparse only)
     nodes: Tensor | None = None  # which of the parent's rows, in order
     cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
-    def select(self, nodes: Tensor) -> "Rows":
+    def select(self, nodes: Tensor) -> "FeatureRows":
         if self.dense is not None:
-            return Rows(self.dense[nodes])
+            return FeatureRows(self.dense[nodes])
         counts = self.crow[nodes + 1] - self.crow[nodes]
         crow = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
         seg = torch.repeat_interleave(torch.arange(nodes.numel()), counts)
         entry = torch.arange(seg.numel()) + (self.crow[nodes] - crow[:-1])[seg]
-        return Rows(None, crow, self.col[entry], self.val[entry], self, nodes)
+        return FeatureRows(None, crow, self.col[entry], self.val[entry], self, nodes)
 
-    def dropout(self, p: float, training: bool) -> "Rows":
+    def dropout(self, p: float, training: bool) -> "FeatureRows":
         """Dropout on the entries (on a sparse block, zeros stay zero either way)."""
         if self.dense is not None:
-            return Rows(dropout(self.dense, p, training))
+            return FeatureRows(dropout(self.dense, p, training))
         if not training or p == 0.0:
             return self
-        return Rows(None, self.crow, self.col, dropout(self.val, p, training), self.parent, self.nodes, self.cache)
+        return FeatureRows(None, self.crow, self.col, dropout(self.val, p, training), self.parent, self.nodes,
+                           self.cache)
 
     @property
     def num_columns(self) -> int:
@@ -155,17 +156,17 @@ class Rows:
         return SparseOperator(self.matrix(), self.transpose_plan)
 
 
-def features(x: Tensor, max_density: float = 0.25) -> Rows:
+def features(x: Tensor, max_density: float = 0.25) -> FeatureRows:
     """All rows of ``x``, stored sparsely when at most ``max_density`` of its entries are nonzero."""
     x = x.float()
     if x.numel() and (x != 0).float().mean() <= max_density:
         with _quiet():
             csr = x.to_sparse_csr()
-        return Rows(None, csr.crow_indices(), csr.col_indices(), csr.values(), cache={"num_columns": x.size(1)})
-    return Rows(x)
+        return FeatureRows(None, csr.crow_indices(), csr.col_indices(), csr.values(), cache={"num_columns": x.size(1)})
+    return FeatureRows(x)
 
 
-def linear_in(rows: Rows, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+def linear_in(rows: FeatureRows, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """rows @ weight.T (+ bias); on sparse rows a product over the nonzeros with a contiguous
     transposed weight, whose backward multiplies by the cached transpose of the rows."""
     if rows.dense is not None:
@@ -217,7 +218,7 @@ def _quiet() -> Iterator[None]:
 
 
 @dataclass(frozen=True, eq=False)
-class Block:
+class SublayerGraph:
     """One sub-layer's bipartite graph: ``row`` indexes output nodes, ``col`` input nodes (self loops
     included), ``out_pos`` the position of every output node among the inputs."""
 
@@ -247,7 +248,7 @@ class Block:
         return torch.stack([self.col, self.row])
 
 
-def make_block(graph: ClientGraph, out_nodes: Tensor, in_nodes: Tensor, adjacency: str) -> Block:
+def make_block(graph: ClientGraph, out_nodes: Tensor, in_nodes: Tensor, adjacency: str) -> SublayerGraph:
     """The block from ``in_nodes`` (level l) to ``out_nodes`` (level l+1) on the client's edges.
 
     Every client edge between an output and an input node is kept (Eq. 2 of the paper). ``scaled``
@@ -285,16 +286,16 @@ def make_block(graph: ClientGraph, out_nodes: Tensor, in_nodes: Tensor, adjacenc
         weight = weight * scale[row]
         self_weight = graph.self_weight[out_nodes]
     ones = torch.arange(n_out)
-    return Block(n_out, n_in, torch.cat([row, ones]), torch.cat([col, out_pos]),
+    return SublayerGraph(n_out, n_in, torch.cat([row, ones]), torch.cat([col, out_pos]),
                  torch.cat([weight, self_weight]), out_pos)
 
 
 @dataclass(eq=False)
-class Plan:
+class BatchPlan:
     """A client's node sets for levels 0..L and the blocks between them, for one mini-batch."""
 
     sets: list[Tensor]
-    blocks: list[Block]
+    blocks: list[SublayerGraph]
     num_nodes: int
     _rows: dict[tuple[int, int], Tensor] = field(default_factory=dict, repr=False)
 
@@ -308,16 +309,16 @@ class Plan:
         return self._rows[key]
 
 
-def make_plan(graph: ClientGraph, sets: list[Tensor], adjacency: str) -> Plan:
+def make_plan(graph: ClientGraph, sets: list[Tensor], adjacency: str) -> BatchPlan:
     blocks = [make_block(graph, sets[level + 1], sets[level], adjacency) for level in range(len(sets) - 1)]
-    return Plan(sets, blocks, graph.num_nodes)
+    return BatchPlan(sets, blocks, graph.num_nodes)
 
 
-def full_plan(graph: ClientGraph, num_layers: int, adjacency: str) -> Plan:
+def full_plan(graph: ClientGraph, num_layers: int, adjacency: str) -> BatchPlan:
     """Every node at every level, every edge in every block: inference on the whole graph."""
     everyone = torch.arange(graph.num_nodes)
     block = make_block(graph, everyone, everyone, adjacency)
-    return Plan([everyone] * (num_layers + 1), [block] * num_layers, graph.num_nodes)
+    return BatchPlan([everyone] * (num_layers + 1), [block] * num_layers, graph.num_nodes)
 
 
 # ---- aggregation ---------------------------------------------------------------------------------
@@ -383,7 +384,7 @@ class GraphAttention(nn.Module):
         for weight in (self.lin.weight, self.att_src, self.att_dst):
             nn.init.xavier_uniform_(weight)
 
-    def forward(self, h: "Rows | Tensor", block: Block) -> Tensor:
+    def forward(self, h: "FeatureRows | Tensor", block: SublayerGraph) -> Tensor:
         z = _linear(h, self.lin.weight).view(-1, self.heads, self.channels)
         src = (z * self.att_src).sum(-1)
         dst = (z[block.out_pos] * self.att_dst).sum(-1)
@@ -394,12 +395,12 @@ class GraphAttention(nn.Module):
         return out.view(block.num_out, -1) + self.bias
 
 
-def _linear(h: "Rows | Tensor", weight: Tensor) -> Tensor:
-    return linear_in(h, weight) if isinstance(h, Rows) else F.linear(h, weight)
+def _linear(h: "FeatureRows | Tensor", weight: Tensor) -> Tensor:
+    return linear_in(h, weight) if isinstance(h, FeatureRows) else F.linear(h, weight)
 
 
-def _dropout(h: "Rows | Tensor", p: float, training: bool) -> "Rows | Tensor":
-    return h.dropout(p, training) if isinstance(h, Rows) else dropout(h, p, training)
+def _dropout(h: "FeatureRows | Tensor", p: float, training: bool) -> "FeatureRows | Tensor":
+    return h.dropout(p, training) if isinstance(h, FeatureRows) else dropout(h, p, training)
 
 
 class ClientNet(nn.Module):
@@ -438,13 +439,13 @@ class ClientNet(nn.Module):
                                        for _ in widths[:-1])
         self.head = nn.Linear(widths[-1], num_classes) if num_classes else None
 
-    def encode(self, x: Rows) -> "Rows | Tensor":
+    def encode(self, x: FeatureRows) -> "FeatureRows | Tensor":
         """Level-0 representation: the projected features, or the raw rows for the first layer."""
         if self.project is None:
             return x
         return F.relu(linear_in(x.dropout(self.dropout, self.training), self.project.weight, self.project.bias))
 
-    def layer(self, l: int, h: "Rows | Tensor", block: Block, x0: Tensor | None) -> Tensor:
+    def layer(self, l: int, h: "FeatureRows | Tensor", block: SublayerGraph, x0: Tensor | None) -> Tensor:
         """H_m^+[l]: sub-layer ``l`` on the client's block, before any aggregation."""
         h = _dropout(h, self.dropout, self.training)
         if self.backbone == "gcn":
@@ -475,7 +476,7 @@ class ForwardPass:
     residual GCN's skip spans a segment between two aggregation levels.
     """
 
-    def __init__(self, net: ClientNet, plan: Plan, x: Rows):
+    def __init__(self, net: ClientNet, plan: BatchPlan, x: FeatureRows):
         self.net, self.plan, self.x = net, plan, x
         self.h = net.encode(x)
         self.x0 = self.h if net.backbone == "gcnii" else None
@@ -503,7 +504,7 @@ class ForwardPass:
 Combiner = Callable[[int, Tensor], Tensor]
 
 
-def forward_through(net: ClientNet, plan: Plan, x: Rows, levels: list[int], at_level: Combiner) -> Tensor:
+def forward_through(net: ClientNet, plan: BatchPlan, x: FeatureRows, levels: list[int], at_level: Combiner) -> Tensor:
     """A full pass to level L, replacing aggregation at each of ``levels`` by ``at_level(level, H_m^+)``."""
     run = ForwardPass(net, plan, x)
     for level in levels:

@@ -273,29 +273,8 @@ def _build(
     local_index = torch.full((num_nodes,), -1, dtype=torch.long)
     local_index[nodes_by_client] = torch.arange(owned.numel()) - starts[owner[nodes_by_client]]
 
-    src, dst = graph.edge_index
-    both_owned = (owner[src] >= 0) & (owner[dst] >= 0)
-    intra = both_owned & (owner[src] == owner[dst])
-    cut_mask = both_owned & (owner[src] != owner[dst])
-    kept, cut_kept = intra, cut_mask
-    if edge_drop > 0 or cross_edge_drop > 0:
-        draws = pair_draws(graph.edge_index, num_nodes, torch.Generator().manual_seed(seed))
-        kept = intra & (draws < 1.0 - edge_drop)
-        cut_kept = cut_mask & (draws < 1.0 - cross_edge_drop)
-    intra_edges = graph.edge_index[:, kept]
-    intra_owner = owner[intra_edges[0]]
-    intra_order = torch.argsort(intra_owner, stable=True)
-    intra_local = local_index[intra_edges[:, intra_order]]
-    intra_counts = torch.bincount(intra_owner, minlength=num_clients)
-
-    # A cut entry (remote -> own) is recorded at the owner of its target, the node that aggregates it.
-    cut = graph.edge_index[:, cut_kept]
-    cut_owner = owner[cut[1]]
-    by_node = torch.argsort(cut[1] * num_nodes + cut[0])
-    cut_order = by_node[torch.argsort(cut_owner[by_node], stable=True)]
-    cross = torch.stack([local_index[cut[1, cut_order]], cut[0, cut_order]])
-    cross_counts = torch.bincount(cut_owner, minlength=num_clients)
-
+    intra_local, intra_counts, cross, cross_counts, before_drop = _cut_edges(
+        graph, owner, local_index, num_clients, edge_drop, cross_edge_drop, seed)
     size_list = sizes.tolist()
     node_chunks = torch.split(nodes_by_client, size_list)
     intra_chunks = torch.split(intra_local, intra_counts.tolist(), dim=1)
@@ -329,20 +308,44 @@ def _build(
         train=count_per_group(owned_owner, num_clients, graph.train_mask[owned]),
         val=count_per_group(owned_owner, num_clients, graph.val_mask[owned]),
         test=count_per_group(owned_owner, num_clients, graph.test_mask[owned]),
-        intra_edges_before_drop=torch.bincount(owner[src[intra]], minlength=num_clients).tolist(),
-        cross_edges_before_drop=torch.bincount(owner[dst[cut_mask]], minlength=num_clients).tolist(),
+        intra_edges_before_drop=before_drop[0],
+        cross_edges_before_drop=before_drop[1],
         held_out=held_out.numel(),
     )
-    return HorizontalPartition(
-        shards=shards,
-        owner=owner,
-        local_index=local_index,
-        num_nodes=num_nodes,
-        num_classes=graph.num_classes,
-        method=method,
-        stats=stats,
-        server_shard=_server_shard(graph, held_out) if held_out.numel() else None,
-    )
+    return HorizontalPartition(shards=shards, owner=owner, local_index=local_index, num_nodes=num_nodes,
+                               num_classes=graph.num_classes, method=method, stats=stats,
+                               server_shard=_server_shard(graph, held_out) if held_out.numel() else None)
+
+
+def _cut_edges(graph: GraphTensors, owner: Tensor, local_index: Tensor, num_clients: int, edge_drop: float,
+               cross_edge_drop: float, seed: int) -> tuple[Tensor, Tensor, Tensor, Tensor, tuple[list, list]]:
+    """The kept intra-client edges in local ids grouped by client, the kept cut entries (target's local
+    id, source's global id) grouped by the target's owner, their counts per client, and both counts per
+    client before the drop."""
+    num_nodes = graph.num_nodes
+    src, dst = graph.edge_index
+    both_owned = (owner[src] >= 0) & (owner[dst] >= 0)
+    intra = both_owned & (owner[src] == owner[dst])
+    cut_mask = both_owned & (owner[src] != owner[dst])
+    kept, cut_kept = intra, cut_mask
+    if edge_drop > 0 or cross_edge_drop > 0:
+        draws = pair_draws(graph.edge_index, num_nodes, torch.Generator().manual_seed(seed))
+        kept = intra & (draws < 1.0 - edge_drop)
+        cut_kept = cut_mask & (draws < 1.0 - cross_edge_drop)
+    intra_edges = graph.edge_index[:, kept]
+    intra_owner = owner[intra_edges[0]]
+    intra_local = local_index[intra_edges[:, torch.argsort(intra_owner, stable=True)]]
+
+    # A cut entry (remote -> own) is recorded at the owner of its target, the node that aggregates it.
+    cut = graph.edge_index[:, cut_kept]
+    cut_owner = owner[cut[1]]
+    by_node = torch.argsort(cut[1] * num_nodes + cut[0])
+    cut_order = by_node[torch.argsort(cut_owner[by_node], stable=True)]
+    cross = torch.stack([local_index[cut[1, cut_order]], cut[0, cut_order]])
+    before_drop = (torch.bincount(owner[src[intra]], minlength=num_clients).tolist(),
+                   torch.bincount(owner[dst[cut_mask]], minlength=num_clients).tolist())
+    return (intra_local, torch.bincount(intra_owner, minlength=num_clients), cross,
+            torch.bincount(cut_owner, minlength=num_clients), before_drop)
 
 
 def _server_shard(graph: GraphTensors, nodes: Tensor) -> ServerShard:

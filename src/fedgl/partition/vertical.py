@@ -43,18 +43,7 @@ def partition_vertical(
     that one client the only holder of ``y`` (None: every client holds it).
     """
     graph = graph_tensors(data)
-    check_num_clients(num_clients, graph.num_features, "feature columns")
-    if blocks not in BLOCKS:
-        raise PartitionError(f"unknown feature blocks {blocks!r}; allowed: {', '.join(BLOCKS)}")
-    if not 0.0 < edge_keep <= 1.0:
-        raise PartitionError(f"edge_keep must be in (0, 1], got {edge_keep}")
-    if label_holder is not None and not (
-        isinstance(label_holder, int) and not isinstance(label_holder, bool) and 0 <= label_holder < num_clients
-    ):
-        raise PartitionError(
-            f"label_holder must be None or a client index in [0, {num_clients - 1}], got {label_holder!r}"
-        )
-
+    _check(graph.num_features, num_clients, blocks, edge_keep, label_holder)
     generator = torch.Generator().manual_seed(seed)
     column_blocks = _feature_blocks(graph.num_features, num_clients, blocks, generator)
     num_nodes = graph.num_nodes
@@ -95,6 +84,21 @@ def partition_vertical(
         label_holder=label_holder,
         stats=stats,
     )
+
+
+def _check(num_features: int, num_clients: int, blocks: str, edge_keep: float, label_holder: int | None) -> None:
+    """One line naming the first setting a vertical partition cannot be made with."""
+    check_num_clients(num_clients, num_features, "feature columns")
+    if blocks not in BLOCKS:
+        raise PartitionError(f"unknown feature blocks {blocks!r}; allowed: {', '.join(BLOCKS)}")
+    if not 0.0 < edge_keep <= 1.0:
+        raise PartitionError(f"edge_keep must be in (0, 1], got {edge_keep}")
+    if label_holder is not None and not (
+        isinstance(label_holder, int) and not isinstance(label_holder, bool) and 0 <= label_holder < num_clients
+    ):
+        raise PartitionError(
+            f"label_holder must be None or a client index in [0, {num_clients - 1}], got {label_holder!r}"
+        )
 
 
 def _feature_blocks(num_features: int, num_clients: int, blocks: str, generator: torch.Generator) -> list[Tensor]:

@@ -23,7 +23,7 @@ SUPPORTED: dict[str, tuple[str, ...]] = {
     # global model (GraphFed's server mixes each client's own model, so it has no sum to mask)
     **dict.fromkeys(("fedaas", "fedcross", "fedaas-pns", "fedlocal", "fedall", "fedaas1", "fedaas2",
                      "fedgraph-recon"), ("secure_aggregation", "dp")),
-    # the Swift-FedGNN family's cross-client sums (protocols/cross_client.py); LLCG sends raw rows by design
+    # the Swift-FedGNN family's cross-client sums (protocols/horizontal/); LLCG sends raw rows by design
     "swift": ("secure_aggregation", "dp"),
     "fedgnn-g": ("secure_aggregation", "dp"),
     "fedgnn-pns": ("secure_aggregation", "dp"),
@@ -37,22 +37,47 @@ class DPConfig(Settings):
     """Gaussian mechanism on what a client releases (FedAvg, FedAAS: its model update; the Swift family,
     FedAAS: each row it sums for another client; GLASU: each node's row of its representations): clip to
     ``max_norm`` (L2), add N(0, (noise_multiplier * max_norm)^2) to every coordinate (FedAAS's attention
-    terms carry one more coordinate, see docs/privacy.md); epsilon is reported at ``delta``."""
+    terms carry one more coordinate, see docs/privacy.md), from each party's own operating-system keyed
+    stream; epsilon is reported at ``delta`` against the server (docs/privacy.md)."""
 
     noise_multiplier: float = Field(gt=0, description="noise standard deviation over max_norm")
     max_norm: float = Field(gt=0, description="L2 bound every client update (Swift, FedAAS, GLASU: every row sent) "
                                               "is clipped to")
     delta: float = Field(1e-5, gt=0, lt=1, description="the delta epsilon is reported at")
+    replayable_noise: bool = Field(False, description=(
+        "for tests only, not private: draw the noise from the run's seed (which the server holds) instead of "
+        "each party's own operating-system keyed stream, so the same config gives the same noise"))
+
+    def warning(self) -> str | None:
+        """The line a run with replayable noise prints: its noise protects nothing."""
+        if not self.replayable_noise:
+            return None
+        return ("privacy.dp.replayable_noise is on: the noise is derived from the seed in the config, so the "
+                "server can regenerate and subtract it; this run is not private (the switch is for tests)")
+
+
+class SecureAggregationConfig(Settings):
+    """Secure aggregation with its dropout threshold (``secure_aggregation: true`` is this with the default)."""
+
+    threshold: int | None = Field(None, ge=2, description=(
+        "clients that must stay to the end of a secure sum for it to be unmasked (fewer stop the round); "
+        "default: more than half of the round's clients"))
 
 
 class PrivacyConfig(Settings):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
-    secure_aggregation: bool = Field(False, description=(
-        "additive masks: the server sees only masked sums (Swift: not even those)"))
+    secure_aggregation: SecureAggregationConfig | bool = Field(False, union_mode="left_to_right", description=(
+        "additive masks: the server sees only masked sums (Swift: not even those); true, or "
+        "{threshold: t} for the clients that must stay to the end of a sum"))
     dp: DPConfig | None = Field(None, description="differential privacy on model updates and exchanged "
                                                  "embeddings; null = off")
     record_messages: bool = Field(False, description=(
         "write every message's payload to <out>/messages/ so `fedgl audit` can attack what crossed"))
+
+    def secure_threshold(self, clients: int) -> int:
+        """The threshold of a secure sum over ``clients``: the configured one, else a majority."""
+        configured = getattr(self.secure_aggregation, "threshold", None)
+        return configured if configured is not None else clients // 2 + 1
 
     def requested(self) -> list[str]:
         """The options this section turns on."""

@@ -1,20 +1,20 @@
-"""Secure aggregation by pairwise additive masks (Bonawitz et al., CCS 2017, without the dropout recovery).
+"""Secure aggregation's fixed-point ring and its pairwise masks without dropout recovery.
 
 Each client encodes its vector in fixed point as int64 and adds, for every other participant j of the
-round, ``+PRG(s_ij)`` if i < j else ``-PRG(s_ij)``. All arithmetic is in the ring Z_2^64 (int64 with
+round, ``+mask(s_ij)`` if i < j else ``-mask(s_ij)``. All arithmetic is in the ring Z_2^64 (int64 with
 wrap-around), so the masks cancel exactly in the server's sum, which decodes to the plain sum; each
-masked vector alone is uniform over the ring whatever the data. The pairwise secret s_ij comes from a
-key agreement through the server: each client publishes a public key, the server relays the table,
-and i and j derive the same secret from their own private key and the other's public key (X25519 from
-``cryptography`` when installed, otherwise Diffie-Hellman over the 2048-bit MODP group of RFC 3526).
+masked vector alone is uniform over the ring whatever the data. The pairwise secret s_ij is the whole
+32-byte X25519 output between i's and j's keys (published through the server); every mask is that
+secret through HKDF-SHA256 with the message's index, expanded with ChaCha20 (``masks``), and a client
+refuses an index it has masked under before.
+
+``MaskingClient`` has no recovery: a participant lost after the keys are agreed leaves its masks in
+the sum. The dropout-tolerant protocol with a threshold (Bonawitz et al., CCS 2017: double masking,
+Shamir shares, signed keys) is ``bonawitz`` and its transport flow ``fedgl.protocols.aggregation``.
 
 Fixed point: a value x is ``round(x * 2^FRACTION_BITS)``, multiplied by the client's integer weight.
 A sum of n messages cannot overflow when every message has magnitude below 2^63 / n; ``encode``
 checks that bound (``limit``) and refuses a larger value instead of wrapping it.
-
-The PRG is ``torch.Generator`` (Mersenne Twister) seeded with 64 bits derived per round from s_ij: it
-makes the message flow, the byte counts and the cancellation real, but it is not a cryptographically
-secure generator; a deployment would use a stream cipher (e.g. AES-CTR) keyed with s_ij.
 
 ``RequestMasking`` is the one-way variant for sums whose total must stay hidden from the server too
 (Swift's cross-client sums): each vector is masked for its recipient only, and the recipient, not the
@@ -23,9 +23,6 @@ server's sum, removes the masks.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-import secrets
 from dataclasses import dataclass, field
 
 import torch
@@ -33,83 +30,30 @@ from torch import Tensor
 
 from ..comm import Transport, rpc
 from ..errors import RunFailed
+from .masks import KeyPair, LabelGuard, default_key_agreement, derive, stream
+
+__all__ = ["KeyPair", "default_key_agreement"]  # re-exported: callers name them from here
 
 FRACTION_BITS = 32
 SCALE = float(2**FRACTION_BITS)
-INT64_LOW, INT64_HIGH = -(2**63), 2**63 - 1
-
-# RFC 3526, group 14: the 2048-bit MODP prime (generator 2), a published standard constant.
-MODP_2048 = int(
-    "FFFFFFFFFFFFFFFFC90FDAA22168C234C4C6628B80DC1CD129024E088A67CC74020BBEA63B139B22514A08798E3404DD"
-    "EF9519B3CD3A431B302B0A6DF25F14374FE1356D6D51C245E485B576625E7EC6F44C42E9A637ED6B0BFF5CB6F406B7ED"
-    "EE386BFB5A899FA5AE9F24117C4B1FE649286651ECE45B3DC2007CB8A163BF0598DA48361C55D39A69163FA8FD24CF5F"
-    "83655D23DCA3AD961C62F356208552BB9ED529077096966D670C354E4ABC9804F1746C08CA18217C32905E462E36CE3B"
-    "E39E772C180E86039B2783A2EC07A28FB5C55DF06F4C52C9DE2BCBF6955817183995497CEA956AE515D2261898FA0510"
-    "15728E5A8AACAA68FFFFFFFFFFFFFFFF", 16)
-MODP_BYTES = 256
-
-
-def default_key_agreement() -> str:
-    """``x25519`` when the ``cryptography`` package is installed, else ``modp2048``."""
-    return "x25519" if importlib.util.find_spec("cryptography") is not None else "modp2048"
-
-
-@dataclass
-class KeyPair:
-    """One client's key-agreement secret. Only raw bytes and ints are kept, so a party holding it
-    checkpoints like any other state."""
-
-    scheme: str
-    private: bytes
-
-    @classmethod
-    def generate(cls, scheme: str | None = None) -> "KeyPair":
-        scheme = scheme or default_key_agreement()
-        if scheme == "x25519":
-            from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-
-            return cls(scheme, X25519PrivateKey.generate().private_bytes_raw())
-        if scheme == "modp2048":
-            return cls(scheme, (2 + secrets.randbelow(MODP_2048 - 3)).to_bytes(MODP_BYTES, "big"))
-        raise ValueError(f"unknown key agreement {scheme!r}; allowed: x25519, modp2048")
-
-    def public(self) -> bytes:
-        if self.scheme == "x25519":
-            return self._x25519().public_key().public_bytes_raw()
-        return pow(2, int.from_bytes(self.private, "big"), MODP_2048).to_bytes(MODP_BYTES, "big")
-
-    def shared(self, peer_public: bytes) -> bytes:
-        """The secret this client shares with the owner of ``peer_public``."""
-        if self.scheme == "x25519":
-            from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
-
-            return self._x25519().exchange(X25519PublicKey.from_public_bytes(peer_public))
-        peer = int.from_bytes(peer_public, "big")
-        if not 2 <= peer <= MODP_2048 - 2:
-            raise RunFailed("secure aggregation: a peer's Diffie-Hellman public key is out of range")
-        return pow(peer, int.from_bytes(self.private, "big"), MODP_2048).to_bytes(MODP_BYTES, "big")
-
-    def _x25519(self):
-        from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-
-        return X25519PrivateKey.from_private_bytes(self.private)
+MIN_PARTICIPANTS = 3  # with two, each client could subtract its own value from the sum
 
 
 def pair_secret(shared: bytes) -> bytes:
-    """s_ij: the key-agreement output through a hash (hashlib), 32 bytes."""
-    return hashlib.sha256(b"fedgl secure aggregation pair secret\x00" + shared).digest()
+    """s_ij: the whole 32-byte key-agreement output, bound to its use by HKDF."""
+    return derive(shared, b"fedgl pairwise secret")
 
 
-def round_seed(secret: bytes, round_index: int) -> int:
-    """A fresh 64-bit PRG seed per round, so no mask is ever used twice."""
-    digest = hashlib.sha256(secret + round_index.to_bytes(8, "big", signed=True)).digest()
-    return int.from_bytes(digest[:8], "big")
-
-
-def prg(seed: int, size: int) -> Tensor:
-    """``size`` int64 values uniform over the ring (the whole int64 range but its top value)."""
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randint(INT64_LOW, INT64_HIGH, (size,), dtype=torch.int64, generator=generator, device="cpu")
+def check_participants(peers: list[int], num_clients: int, me: int, minimum: int, who: str) -> None:
+    """Refuse a participant list with a repeated id, an id out of range, without ``me`` or shorter than
+    ``minimum``: one line naming the problem."""
+    problem = (f"repeats client {next(p for p in peers if peers.count(p) > 1)}" if len(set(peers)) != len(peers)
+               else f"names client {max(peers)} of {num_clients}" if peers and (max(peers) >= num_clients
+                                                                               or min(peers) < 0)
+               else f"leaves out client {me} itself" if me not in peers
+               else f"has {len(peers)} clients, fewer than {minimum}" if len(peers) < minimum else None)
+    if problem is not None:
+        raise RunFailed(f"secure aggregation: {who} refuses a participant list that {problem}")
 
 
 def limit(participants: int) -> float:
@@ -142,13 +86,17 @@ def ring_sum(masked: Tensor) -> Tensor:
 
 @dataclass
 class MaskingClient:
-    """One client's side of secure aggregation: its key pair, its id among the clients, and the
-    pairwise secrets derived from the published public keys."""
+    """One client's side of pairwise masking: its key pair, its id among the clients, the pairwise
+    secrets derived from the published public keys and the indices it has masked under."""
 
     index: int
     keys: KeyPair
     pair_secrets: dict[int, bytes] = field(default_factory=dict)
     num_clients: int = 0
+    guard: LabelGuard | None = None
+
+    def __post_init__(self) -> None:
+        self.guard = self.guard or LabelGuard(f"client {self.index}")
 
     @classmethod
     def create(cls, index: int, scheme: str | None = None) -> "MaskingClient":
@@ -167,19 +115,17 @@ class MaskingClient:
 
     def mask(self, encoded: Tensor, participants: Tensor | None, round_index: int) -> Tensor:
         """``encoded`` plus the pairwise masks with every other participant of this round (ids;
-        None = every client)."""
+        None = every client); a second message under the same ``round_index`` is refused."""
         if not self.num_clients:
             raise RunFailed(f"secure aggregation: client {self.index} has no pairwise secrets (no key exchange)")
         peers = list(range(self.num_clients)) if participants is None else participants.tolist()
-        if len(peers) < 2:  # a "sum" of one message is that message: a client refuses to send it
-            raise RunFailed(f"secure aggregation: client {self.index} was asked to mask with fewer than 2 "
-                            f"participants, which would reveal its update")
+        check_participants(peers, self.num_clients, self.index, MIN_PARTICIPANTS, f"client {self.index}")
+        self.guard.claim(round_index)
         out = encoded.cpu().clone()  # masks are drawn on the CPU, where the message leaves from
         for j in peers:
-            if j == self.index:
-                continue
-            noise = prg(round_seed(self.pair_secrets[j], round_index), out.numel())
-            out += noise if self.index < j else -noise
+            if j != self.index:
+                noise = stream(self.pair_secrets[j], out.numel(), b"fedgl pairwise mask", round_index)
+                out += (noise if self.index < j else -noise).view(out.shape)
         return out.to(encoded.device)
 
 
@@ -214,13 +160,13 @@ def one_way_secret(keys: KeyPair, sender: bytes, recipient: bytes) -> bytes:
     other's public key); naming both ends in order keeps the two directions' masks apart."""
     own = keys.public()
     peer = recipient if own == sender else sender
-    return hashlib.sha256(b"fedgl one-way mask\x00" + keys.shared(peer) + sender + recipient).digest()
+    return derive(keys.shared(peer), b"fedgl one-way mask" + sender + recipient)
 
 
 def stream_rows(secret: bytes, label: int, ranks: Tensor, width: int) -> Tensor:
     """Rows ``ranks`` of the int64 mask stream of a channel for ``label`` (a fresh stream per label)."""
     rows = int(ranks.max()) + 1 if ranks.numel() else 0
-    return prg(round_seed(secret, label), rows * width).view(rows, width)[ranks]
+    return stream(secret, rows * width, b"fedgl one-way stream", label).view(rows, width)[ranks]
 
 
 def rank_within(groups: Tensor) -> Tensor:
@@ -247,6 +193,7 @@ class RequestMasking:
 
     keys: KeyPair
     peers: list[bytes] = field(default_factory=list)
+    guard: LabelGuard = field(default_factory=lambda: LabelGuard("a request's sender"))
 
     @classmethod
     def create(cls, scheme: str | None = None) -> "RequestMasking":
@@ -265,7 +212,9 @@ class RequestMasking:
         return one_way_secret(self.keys, *((own, self.peers[peer]) if sending else (self.peers[peer], own)))
 
     def mask(self, encoded: Tensor, to: Tensor, label: int) -> Tensor:
-        """``encoded`` (int64 rows) plus, for row i, the next row of the stream to peer ``to[i]``."""
+        """``encoded`` (int64 rows) plus, for row i, the next row of the stream to peer ``to[i]``; each
+        ``label`` is sent under once."""
+        self.guard.claim(label)
         out, to = encoded.cpu().clone(), to.cpu()  # masks are drawn on the CPU
         rank = rank_within(to)
         for peer in to.unique().tolist():

@@ -1,57 +1,9 @@
-"""Protocol registry: names to classes, imported on first use so a run loads only what it needs."""
+"""The protocols, one module each. Their names, and the module holding each class, are listed in
+``fedgl.config.registry``, below the config that validates a run's ``protocol`` section with them;
+a protocol's module loads on first use, so a run loads only what it needs."""
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from ..config.registry import REGISTRY, protocol_class
 
-from pydantic import BaseModel, ValidationError
-
-from ..config import describe, register_protocol_options
-from ..errors import ConfigError
-
-REGISTRY: dict[str, str] = {
-    "centralized": "fedgl.protocols.centralized:Centralized",
-    "fedavg": "fedgl.protocols.fedavg:FedAvg",
-    "glasu": "fedgl.protocols.glasu:Glasu",
-    "nfedgnn": "fedgl.protocols.nfedgnn:NFedGNN",
-    "cnfgnn": "fedgl.protocols.cnfgnn:CNFGNN",
-    "swift": "fedgl.protocols.swift:SwiftFedGNN",
-    "fedgnn-g": "fedgl.protocols.swift:FedGNNG",
-    "llcg": "fedgl.protocols.llcg:LLCG",
-    "fedgnn-pns": "fedgl.protocols.fedgnn_pns:FedGNNPNS",
-    "fedaas": "fedgl.protocols.fedaas:FedAAS",
-    "fedcross": "fedgl.protocols.fedaas:FedCross",
-    "fedaas-pns": "fedgl.protocols.fedaas:FedPNS",
-    "fedlocal": "fedgl.protocols.fedaas:FedLocal",
-    "fedall": "fedgl.protocols.fedaas:FedAll",
-    "fedaas1": "fedgl.protocols.fedaas:FedAAS1",
-    "fedaas2": "fedgl.protocols.fedaas:FedAAS2",
-    "graphfed-recon": "fedgl.protocols.fedaas:GraphFedRecon",
-    "fedgraph-recon": "fedgl.protocols.fedaas:FedGraphRecon",
-}
-
-
-def protocol_class(name: str) -> type:
-    key = str(name).lower()
-    if key not in REGISTRY:
-        raise ConfigError(f"unknown protocol {name!r}; allowed: {', '.join(sorted(REGISTRY))}")
-    module, _, attr = REGISTRY[key].partition(":")
-    return getattr(import_module(module), attr)
-
-
-def protocol_options(section: dict[str, Any]) -> BaseModel:
-    if "name" not in section:
-        raise ConfigError(f"invalid config: protocol.name is required; allowed: {', '.join(sorted(REGISTRY))}")
-    cls = protocol_class(section["name"])
-    try:
-        return cls.Options.model_validate({**section, "name": str(section["name"]).lower()})
-    except ValidationError as err:
-        raise ConfigError(describe(err, prefix="protocol.")) from None
-
-
-def training_defaults(protocol: str, model: str, optimizer: str) -> dict[str, Any]:
-    return protocol_class(protocol).paper_training(model, optimizer)
-
-
-register_protocol_options(protocol_options, training_defaults)
+__all__ = ["REGISTRY", "protocol_class"]

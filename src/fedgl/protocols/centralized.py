@@ -11,7 +11,7 @@ from torch_geometric.data import Data
 
 from .. import device as devices
 from ..evaluation import Evaluator
-from ..optim import make_model
+from ..models import make_model
 from .local_training import LocalTrainer
 from .base import Protocol, ProtocolOptions
 

@@ -1,0 +1,46 @@
+"""A run's identity: its config as flat keys and the hash of what it computes.
+
+The hash marks a finished run (bench reuses only runs with the same one), a checkpoint (a resume
+needs the same one) and a shard folder (a deployed run needs the config it was written with). Keys
+that change how long a run goes, where it runs and what it records are left out of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from . import RunConfig
+
+# Keys a resumed run may change: how long it runs, where, and what it records, not what it computes.
+# ``device`` is left out of a run's identity too (a shard folder runs on any device), but a checkpoint
+# resumes only on the device it was made on (``Run.resume``).
+RESUMABLE_CHANGES = ("train.rounds", "checkpoint_every", "threads", "device", "backend.name", "backend.address",
+                     "backend.actors", "backend.shards", "backend.parties", "logging", "privacy.record_messages",
+                     "protocol.memory_budget_mb")
+
+# Keys added after hashes were first written, each with the value runs made before it behaved as: a
+# config holding that value hashes as it did before the key existed, so older checkpoints and shard
+# folders still load, and only where they computed the same thing. (DP noise was drawn from the seed.)
+ADDED_KEYS = {"privacy.dp.replayable_noise": True}
+
+
+def flat_config(cfg: RunConfig) -> dict[str, Any]:
+    """The resolved config as {dotted key: value}."""
+    def walk(node: Any, prefix: str) -> dict[str, Any]:
+        if isinstance(node, dict):
+            return {k: v for key, child in node.items() for k, v in walk(child, f"{prefix}{key}.").items()}
+        return {prefix[:-1]: node}
+    return walk(cfg.model_dump(mode="json"), "")
+
+
+def resumable_change(key: str) -> bool:
+    return any(key == k or key.startswith(f"{k}.") for k in RESUMABLE_CHANGES)
+
+
+def config_hash(cfg: RunConfig) -> str:
+    """What the run computes, as a short hash (keys a resume may change are left out)."""
+    kept = {k: v for k, v in flat_config(cfg).items()
+            if not resumable_change(k) and not (k in ADDED_KEYS and ADDED_KEYS[k] == v)}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]

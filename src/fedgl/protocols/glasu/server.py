@@ -1,0 +1,212 @@
+"""GLASU's server: the mini-batch and the unions of the clients' index sets, the aggregations at the
+aggregation levels (masked with secure aggregation) and, with ``backward: exact``, split learning's
+gradients back through them. It holds no parameters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch_geometric.data import Data
+
+from ...errors import ConfigError
+from ...evaluation import Evaluator
+from ...models.split_vertical import aggregate, backbone_options, check_width
+from ...partition import partition_vertical
+from ...privacy.dp import SUBSTITUTION, VERTICAL_ROWS, DPAccountant
+from ...privacy.secure_aggregation import decode, exchange_keys, ring_sum
+from ..base import Protocol
+from .client import GlasuClient, draw
+from .options import GlasuOptions, aggregation_levels, layer_fanouts, vertical_blocks
+
+
+def union(top: Tensor, parts: list[Tensor]) -> Tensor:
+    """The server's union of the clients' index sets, keeping the common level above first."""
+    rest = torch.cat(parts)
+    rest = torch.unique(rest[~torch.isin(rest, top)])
+    return torch.cat([top, rest])
+
+
+class Glasu(Protocol):
+    name = "glasu"
+    scenario = "vertical"
+    Options = GlasuOptions
+
+    def setup(self, data: Data) -> None:
+        cfg, opts = self.cfg, self.opts
+        model, p = cfg.model, cfg.partition
+        self.levels = aggregation_levels(opts, model.layers) if opts.K != 0 else []
+        fanouts = layer_fanouts(opts, model.layers)
+        options = backbone_options(model.name, model.options)
+        check_width(model.name, model.hidden, options)
+        if opts.aggregation == "concat" and model.name in ("gcnii", "gcnres"):
+            raise ConfigError(f"protocol.aggregation concat changes layer widths, which {model.name}'s residuals "
+                              f"cannot follow; use mean, or model.name gcn or gat")
+        M = p.num_clients
+        self.holder = p.label_holder
+        if self.holder is not None and not self.levels:
+            raise ConfigError("standalone training (protocol.K=0) needs labels at every client; "
+                              "unset partition.label_holder")
+        if opts.eval_client is not None:
+            if opts.eval_client >= M:
+                raise ConfigError(f"protocol.eval_client={opts.eval_client} is not a client; allowed: 0..{M - 1}")
+            if self.holder is not None and opts.eval_client != self.holder:
+                raise ConfigError(f"protocol.eval_client={opts.eval_client} holds no labels; only client "
+                                  f"{self.holder} (partition.label_holder) has a classifier")
+        part = partition_vertical(data, M, blocks=vertical_blocks(p), edge_keep=p.edge_keep, seed=cfg.seed,
+                                  label_holder=self.holder)
+        self.partition_stats = part.stats
+        settings = {"S": opts.S, "Q": opts.Q, "batches": opts.batches, "sampling": opts.sampling,
+                    "adjacency": opts.adjacency, "aggregation": opts.aggregation, "graph": opts.graph,
+                    "backward": opts.backward, "lr_decay_every": opts.lr_decay_every, "lr_decay": opts.lr_decay,
+                    "secure_aggregation": cfg.privacy.secure_aggregation, "dp": cfg.privacy.dp}
+        if cfg.privacy.secure_aggregation and (opts.aggregation != "mean" or opts.backward != "local"):
+            raise ConfigError("glasu: privacy.secure_aggregation sums the clients' representations, so it needs "
+                              f"protocol.aggregation mean and backward local (got {opts.aggregation}, {opts.backward})")
+        if cfg.privacy.dp is not None and (opts.backward != "local" or self.holder is not None):
+            raise ConfigError("glasu: privacy.dp noises the representations clients send, not the gradients that "
+                              "backward exact or a label holder (partition.label_holder) sends; use backward local "
+                              "and labels at every client")
+        self.num_nodes = data.num_nodes
+        # every node has a block at every client: one accounting owner for all of them
+        self.accountant = (DPAccountant(cfg.privacy.dp, torch.zeros(data.num_nodes), VERTICAL_ROWS)
+                           if cfg.privacy.dp is not None else None)
+        # One client (centralized) holds everything: every aggregation is the identity, nothing is sent.
+        self.alone = not self.levels or M == 1
+        self.clients = self.transport.spawn(GlasuClient, [
+            dict(name=f"client{m}", seed=cfg.seed * 100_003 + m + 1, index=m, num_clients=M, x=shard.x,
+                 edge_index=shard.edge_index, y=shard.y, train_mask=shard.train_mask, model=model, train=cfg.train,
+                 num_classes=part.num_classes, levels=[] if self.alone else self.levels, fanouts=fanouts,
+                 opts=settings)
+            for m, shard in enumerate(part.shards)
+        ])
+        # Algorithm 2: with labels everywhere the server draws the mini-batches, so it knows the training ids.
+        self.train_nodes = data.train_mask.nonzero().flatten() if self.holder is None else None
+        if opts.eval_client is not None:
+            self.heads = [self.clients[opts.eval_client]]
+        elif self.holder is not None:
+            self.heads = [self.clients[self.holder]]
+        else:
+            self.heads = self.clients[:1] if self.alone else self.clients
+
+    def start(self) -> None:
+        if self.cfg.privacy.secure_aggregation and not self.alone:
+            exchange_keys(self.transport, self.clients)
+
+    def _aggregate(self, outs: list[Tensor]) -> Tensor:
+        """Agg of the clients' H_m^+; with secure aggregation the mean decoded from the masked sum."""
+        if not self.cfg.privacy.secure_aggregation:
+            return aggregate(outs, self.opts.aggregation)
+        return (decode(ring_sum(torch.stack(outs))) / len(outs)).to(torch.get_default_dtype())
+
+    # ---- training ---------------------------------------------------------------------------------
+    def train_round(self, round_index: int) -> dict[str, float]:
+        if self.alone:
+            self.transport.call_many(self.clients, "train_alone")
+            with self.transport.evaluation():
+                losses = self.transport.call_many(self.clients, "training_loss")
+            return {"train_loss": sum(losses) / len(losses), **self.spent()}
+        losses, rows = [], 0
+        for _ in range(self.opts.batches):
+            loss, n = self._glasu_round()
+            losses.append(loss)
+            rows += n
+        return {"train_loss": sum(losses) / len(losses), "embedding_rows": float(rows), **self.spent()}
+
+    def spent(self) -> dict[str, float]:
+        """DP: epsilon so far, for any one node (every release costs every node the same)."""
+        return {} if self.accountant is None else self.accountant.epsilons()
+
+    def charge(self, sizes: list[int]) -> None:
+        """DP: every client releases a set of n rows per entry of ``sizes``, each set at most 2 sqrt(n)
+        max_norm from its neighbour in L2, for any node."""
+        rows = torch.tensor(sizes, dtype=torch.float64).repeat(len(self.clients))
+        self.accountant.charge(clients=torch.zeros(rows.numel()), multiple=SUBSTITUTION * rows.sqrt())
+
+    def _glasu_round(self) -> tuple[float, int]:
+        """One mini-batch: sampling with unions, joint inference, Q local updates. Returns the loss and
+        the number of node rows aggregated (summed over aggregation levels)."""
+        t, clients, how = self.transport, self.clients, self.opts.aggregation
+        if self.holder is None:
+            top = draw(self.train_nodes, self.opts.S, self.generator)
+            args = [{"targets": top} for _ in clients]
+        else:
+            top = t.call(clients[self.holder], "draw_batch")
+            args = [{} if m == self.holder else {"targets": top} for m in range(len(clients))]
+        sets = [top]  # the common node set of every aggregation level, L first
+        for _ in self.levels[:-1]:
+            top = union(top, t.call_many(clients, "sample", per_target=args))
+            args = [{"targets": top} for _ in clients]
+            sets.append(top)
+        if self.accountant is not None:  # every client sends one row per node of every level's set
+            self.charge([s.numel() for s in sets])
+        outs = t.call_many(clients, "forward", per_target=args)
+        rows, stack = 0, []
+        exact = self.opts.backward == "exact"
+        for level in self.levels:
+            if exact:  # keep the clients' parts and Agg's graph, to back-propagate through it
+                outs = [o.requires_grad_() for o in outs]
+                stack.append((outs, aggregate(outs, how)))
+                h = stack[-1][1].detach()
+            else:
+                h = self._aggregate(outs)
+            rows += h.size(0)
+            if level == self.levels[-1]:
+                break
+            outs = t.call_many(clients, "forward", h=h)
+        if exact:
+            return self._exact_backward(h, stack), rows
+        if self.holder is None:
+            replies = t.call_many(clients, "local_update", h=h)
+            return sum(r["loss"] for r in replies) / len(replies), rows
+        head = t.call(clients[self.holder], "head_gradient", h=h)
+        per = [{} if m == self.holder else {"h": h, "grad": head["grad"]} for m in range(len(clients))]
+        t.call_many(clients, "local_update", per_target=per)
+        return head["loss"], rows
+
+    def _exact_backward(self, h: Tensor, stack: list[tuple[list[Tensor], Tensor]]) -> float:
+        """Split learning: the sum of the label holders' losses (as in the authors' code), back-propagated
+        through every aggregation; returns their mean loss.
+
+        The gradient for H[L] is the sum of the holders' gradients; at each aggregation level the
+        server differentiates Agg for each client's share, and the gradients the clients return for
+        the aggregate below (which fed every client's sub-layers) add up."""
+        t, clients = self.transport, self.clients
+        heads = clients if self.holder is None else [clients[self.holder]]
+        replies = t.call_many(heads, "head_gradient", h=h)
+        grad = sum(r["grad"] for r in replies)
+        for parts, aggregated in reversed(stack):
+            shares = torch.autograd.grad(aggregated, parts, grad)
+            below = t.call_many(clients, "backward", per_target=[{"grad": share} for share in shares])
+            if below[0] is not None:
+                grad = sum(below)
+        return sum(r["loss"] for r in replies) / len(replies)
+
+    # ---- evaluation -------------------------------------------------------------------------------
+    def predict(self, evaluator: Evaluator) -> torch.Tensor:
+        """Joint inference over all nodes; the scoring clients' logits are averaged."""
+        t = self.transport
+        if self.alone:
+            return torch.stack([r["logits"] for r in t.call_many(self.heads, "infer")]).mean(0)
+        if self.accountant is not None:  # joint inference sends every node's row at every level
+            self.charge([self.num_nodes] * len(self.levels))
+        outs = t.call_many(self.clients, "infer")
+        for level in self.levels:
+            h = self._aggregate([o["h"] for o in outs])
+            if level != self.levels[-1]:
+                outs = t.call_many(self.clients, "infer", h=h)
+        return torch.stack([r["logits"] for r in t.call_many(self.heads, "infer", h=h)]).mean(0)
+
+    # ---- results and checkpoints -------------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        return {} if self.accountant is None else self.accountant.summary()
+
+    def state_dict(self) -> dict[str, Any]:
+        dp = {"dp": self.accountant.state()} if self.accountant is not None else {}
+        return super().state_dict() | dp
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if self.accountant is not None:
+            self.accountant.load_state(state["dp"])
