@@ -135,7 +135,7 @@ def flwr_home(folder: Path, address: str, ca: Path | None) -> Path:
 
 def bundle(folder: Path) -> Path:
     """The app folder ``flwr run`` submits: fedgl's ServerApp and ClientApp and their run config."""
-    from .. import __version__
+    from importlib.metadata import version
 
     app = folder / APP
     app.mkdir(parents=True, exist_ok=True)
@@ -145,7 +145,7 @@ build-backend = "hatchling.build"
 
 [project]
 name = "{APP.replace("_", "-")}"
-version = "{__version__}"
+version = "{version('fedgl')}"
 description = "A fedgl run on a Flower federation"
 license = "MIT"
 dependencies = []
