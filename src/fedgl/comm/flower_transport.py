@@ -128,7 +128,9 @@ class FlowerTransport(Transport):
             replies: dict[str, Any] = {}
             self._pull(pending, replies, 1.0)
             for key, reply in replies.items():
-                if not reply.has_error():
+                if reply.has_error():  # e.g. a node that was down when asked: ask it again
+                    asked.discard(int(key))
+                else:
                     self._nodes.setdefault(str(decode(reply.content)[0]), int(key))
             if name not in self._nodes and time.monotonic() > deadline:
                 raise ConfigError(f"no SuperNode of this federation hosts party {name} "
