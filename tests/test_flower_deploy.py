@@ -110,7 +110,7 @@ def test_a_supernode_killed_in_round_3(policy, federation):
         submitted = fed.submit(folder / "config.yaml", out, "--reply-timeout", "120", wait=False)
         deadline = time.monotonic() + 1200
         # round 2's checkpoint is committed once round 1's party folder is gone: round 3 is under way
-        while not (out / "parties-2").exists() or (out / "parties-1").exists():
+        while not (out / "checkpoint.pt").exists() or (out / "parties-1").exists():
             assert time.monotonic() < deadline and submitted.poll() is None, "rounds 1-2 did not finish"
             time.sleep(0.2)
         fed.kill("org1")
