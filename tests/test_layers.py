@@ -27,7 +27,7 @@ LAYERS = (
     ("comm/privacy", ("comm", "privacy")),
     ("protocols", ("protocols",)),
     ("runner", ("runner", "deployment", "results")),
-    ("session/api/cli", ("session", "api", "cli", "audit", "bench", "report", "")),
+    ("session/api/cli", ("session", "api", "cli", "audit", "bench", "report", "flower_app", "")),
 )
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 600, 60
 

@@ -92,7 +92,7 @@ class PartyPlacement(Section):
 
 
 class BackendConfig(Section):
-    name: Literal["local", "ray"] = "local"
+    name: Literal["local", "ray", "flower"] = "local"
     shards: str | None = Field(None, description=(
         "a folder written by `fedgl partition`: the driver loads no dataset, each party loads its own shard"))
     parties: dict[str, PartyPlacement] = Field(default_factory=dict, description=(

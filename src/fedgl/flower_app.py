@@ -1,0 +1,61 @@
+"""fedgl's Flower apps: the ServerApp running the fedgl server and the ClientApp of every party.
+
+The app bundle ``flwr run`` submits (``comm.flower_setup.bundle``) names ``fedgl.flower_app:server_app`` and
+``fedgl.flower_app:client_app``. The ServerApp reads its run config (``flwr run --run-config``):
+``config`` (the fedgl YAML, whose ``backend.shards`` is the shard folder on the server's machine),
+``out`` (the results folder), ``resume``, ``overwrite``, ``reply-timeout`` (seconds a party may take
+to answer before it counts as lost; 0 waits for Flower to report its node unavailable) and
+``connect-timeout`` (seconds to wait for a party's SuperNode to join, at the start and after a loss).
+The run is the one ``fedgl run`` makes, with ``backend.name: flower``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flwr.serverapp import ServerApp
+
+from .comm.flower_party import client_app as _party_app
+from .comm.flower_transport import serving
+
+server_app = ServerApp()
+client_app = _party_app()
+
+
+@server_app.main()
+def main(grid: Any, context: Any) -> None:
+    from .api import run
+
+    config = context.run_config
+    timeout = float(config.get("reply-timeout", 0)) or None
+    with serving(grid, timeout, float(config.get("connect-timeout", 300.0))):
+        run(str(config["config"]), out_dir=str(config["out"]), resume=bool(config.get("resume", False)),
+            overwrite=bool(config.get("overwrite", False)), backend__name="flower")
+
+
+def simulate(config: Any, out_dir: str, *, reply_timeout_s: float | None = None, **overrides: Any) -> Any:
+    """The same ServerApp and ClientApp in Flower's Simulation Engine, one SuperNode per party of
+    ``backend.shards``, on this machine; returns the run's ``RunResult``."""
+    import json
+    from pathlib import Path
+
+    from flwr.simulation import run_simulation
+
+    from .api import load_config, run
+
+    cfg = load_config(config, backend__name="flower", **overrides)
+    shards = str(Path(cfg.backend.shards or "").resolve())
+    parties = len(json.loads((Path(shards) / "manifest.json").read_text())["parties"])
+    results: list[Any] = []
+    app = ServerApp()
+
+    @app.main()
+    def _main(grid: Any, context: Any) -> None:
+        with serving(grid, reply_timeout_s, connect_timeout_s=600.0):  # the engine starts Ray first
+            results.append(run(cfg, out_dir=out_dir, overwrite=True))
+
+    run_simulation(app, _party_app(shards), num_supernodes=parties,
+                   backend_config={"client_resources": {"num_cpus": 1}, "init_args": {"num_cpus": 2}})
+    if not results:
+        raise RuntimeError("the simulated run did not finish (see Flower's log above)")
+    return results[0]
