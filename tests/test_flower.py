@@ -148,8 +148,8 @@ def test_a_party_answers_only_its_rpc_methods(tmp_path):
         assert reply.has_error() and reply.error.code == REFUSED, method
     assert "not a remotely callable" in _ask(context, "save", {"path": "x"}).error.reason
     assert not (tmp_path / "stolen.pt").exists()
-    forged = _ask(context, "_fedgl_spawn", **{"class": "fedgl.protocols.glasu:GlasuClient", "sha256": "",
-                                               "device": "cpu"})
+    forged = _ask(context, "_fedgl_spawn", **{"class": "fedgl.protocols.glasu:GlasuClient",
+                                               "sha256": party["sha256"], "device": "cpu"})
     assert forged.has_error() and "the manifest says" in forged.error.reason
 
 
@@ -164,7 +164,7 @@ def test_a_party_trains_holds_and_rolls_back_on_its_node(tmp_path):
                                                          "fedgl-state": str(tmp_path)},
                       state=RecordDict(), run_config={})
     _ask(context, "_fedgl_spawn", **{"class": party["class"], "sha256": party["sha256"], "device": "cpu"})
-    cls, kwargs = load_party(shard, party["class"])
+    cls, kwargs = load_party(shard, party["class"], party["sha256"])
     state = cls.create(**kwargs).trainer.get_state()
     _ask(context, "_fedgl_hold")
     first, meta = decode(_ask(context, "train", {"state": state}).content)
