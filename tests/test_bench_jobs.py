@@ -75,6 +75,7 @@ def test_two_jobs_give_the_sequential_folders(sequential, tmp_path, capsys):
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # starts a Ray instance of its own: tens of seconds
 def test_ray_tasks_give_the_sequential_folders(sequential, tmp_path, ray_session):
     run_task(TINY, tmp_path, executor="ray")
     _same_as(sequential, tmp_path, "ray")

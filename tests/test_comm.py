@@ -271,6 +271,7 @@ def test_ray_payload_packing_round_trips_every_tensor_as_its_own_copy():
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # starts a Ray instance of its own: tens of seconds
 def test_a_local_ray_instance_gives_workers_a_fixed_hash_seed_and_leaves_the_driver_as_it_was():
     pytest.importorskip("ray")
     import os

@@ -47,9 +47,9 @@ def in_process(tmp_path_factory):
     return get
 
 
-# Ray starts two actors per run (seconds each): FedAvg, GLASU, Swift and FedAAS in the default suite,
-# the other protocols and variants with the slow tests.
-RAY_DEFAULT = ("fedavg", "glasu", "swift", "fedaas")
+# Ray starts two actors per run (seconds each): FedAvg in the default suite, the other protocols and
+# variants with the slow tests.
+RAY_DEFAULT = ("fedavg",)
 
 
 @pytest.mark.ray

@@ -63,6 +63,7 @@ job.execute(progress=False)
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # starts a Ray instance of its own: tens of seconds
 def test_a_local_run_opens_listeners_on_loopback_only(tmp_path):
     """A run on a Ray it starts itself: every socket the driver and Ray's processes listen on (GCS,
     raylet, object manager, agents, metrics, workers and party hosts) is on loopback."""
