@@ -56,6 +56,7 @@ def test_a_finished_run_is_replaced_only_when_asked_and_resume_needs_a_checkpoin
         fedgl.run(tiny, out_dir=tmp_path / "empty", resume=True)
 
 
+@pytest.mark.slow  # starts Ray or trains on real data for seconds: with the slow tests
 def test_the_example_script_runs_and_repeats_itself(data_root, tmp_path):
     script = Path(__file__).resolve().parents[1] / "examples" / "api_fedavg_cora.py"
     assert "from fedgl" not in script.read_text()  # the public API only

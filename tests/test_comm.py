@@ -205,6 +205,7 @@ def test_unknown_backend_is_a_config_error():
         make_transport("mpi")
 
 
+@pytest.mark.slow  # starts Ray or trains on real data for seconds: with the slow tests
 @pytest.mark.ray
 def test_ray_backend_matches_local(ray_session, tmp_path):
     import sys

@@ -75,7 +75,8 @@ SPARSE = {"glasu": {"name": "glasu", "batches": 4}, "glasu nodewise": {"name": "
           "fedaas": {"name": "fedaas", "interval_loss": "train", "batches": 4}}
 
 
-@pytest.mark.parametrize("variant", SPARSE)
+@pytest.mark.parametrize("variant", [v if v in ("glasu", "fedavg", "swift", "nfedgnn") else
+                                     pytest.param(v, marks=pytest.mark.slow) for v in SPARSE])
 def test_sparse_features_on_the_accelerator_equal_the_cpu(data_root, tmp_path, monkeypatch, variant):
     config = {"dataset": {"name": "cora", "data_root": str(data_root)}, "protocol": SPARSE[variant],
               "partition": {"num_clients": 3}, "train": {"rounds": 2}, "network": {"compute": "ignore"}}

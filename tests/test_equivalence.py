@@ -47,9 +47,8 @@ def in_process(tmp_path_factory):
     return get
 
 
-# Ray starts two actors per run (seconds each): FedAvg in the default suite, the other protocols and
-# variants with the slow tests.
-RAY_DEFAULT = ("fedavg",)
+# Ray starts an instance and two actors per run (seconds each): with the slow tests, which CI runs too.
+RAY_DEFAULT: tuple[str, ...] = ()
 
 
 @pytest.mark.ray

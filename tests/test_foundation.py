@@ -98,6 +98,7 @@ def test_training_settings_left_unset_are_the_protocols_papers():
     assert (fedaas.train.lr, fedaas.train.weight_decay) == (0.1, 5e-4)
 
 
+@pytest.mark.slow  # starts Ray or trains on real data for seconds: with the slow tests
 def test_fedaas_at_its_defaults_learns_on_citeseer(data_root, tmp_path):
     """At the shared 0.01 with decay 5e-4, FedAAS's ten fresh-Adam steps per round kept it at chance here;
     with its paper's Adam (0.001, no decay) it clears chance within a few rounds."""

@@ -51,6 +51,7 @@ def hosted(ray_session):
         transport.close()
 
 
+@pytest.mark.slow  # starts Ray or trains on real data for seconds: with the slow tests
 @pytest.mark.ray
 def test_a_ray_host_refuses_every_call_that_would_move_party_state_to_the_driver(hosted, ray_session, tmp_path):
     from fedgl.comm.ray_transport import pack, unpack
@@ -73,6 +74,7 @@ def test_a_ray_host_refuses_every_call_that_would_move_party_state_to_the_driver
     assert [f.name for f in tmp_path.iterdir()] == ["k0.pt"]
 
 
+@pytest.mark.slow  # starts Ray or trains on real data for seconds: with the slow tests
 @pytest.mark.ray
 def test_an_actor_ray_wraps_itself_would_run_the_drivers_function(ray_session):
     """What the host refuses is real: an actor class Ray wraps as usual runs any function the driver

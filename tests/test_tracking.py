@@ -24,6 +24,7 @@ def tracked(tmp_path_factory):
     return out, fedgl.run(TINY, out_dir=out, resume=True, train__rounds=4)
 
 
+@pytest.mark.slow  # starts Ray or trains on real data for seconds: with the slow tests
 def test_tensorboard_events_equal_the_metrics(tracked):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
