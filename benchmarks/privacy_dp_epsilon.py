@@ -13,10 +13,10 @@ the parties' own sampling draws): one run per seed gives every noise multiplier'
 syncs and attention draws follow its training, so it runs once per noise multiplier. Runs are the
 committed tasks' own variants (``fedgl.bench.privacy``), seed for seed.
 
-    FEDGL_DATA_ROOT=/work/shared/datasets python benchmarks/privacy_dp_epsilon.py fedavg nfedgnn
-    FEDGL_DATA_ROOT=/work/shared/datasets python benchmarks/privacy_dp_epsilon.py swift
-    FEDGL_DATA_ROOT=/work/shared/datasets python benchmarks/privacy_dp_epsilon.py glasu
-    FEDGL_DATA_ROOT=/work/shared/datasets python benchmarks/privacy_dp_epsilon.py fedaas
+    FEDGL_DATA_ROOT=/path/to/datasets python benchmarks/privacy_dp_epsilon.py fedavg nfedgnn
+    FEDGL_DATA_ROOT=/path/to/datasets python benchmarks/privacy_dp_epsilon.py swift
+    FEDGL_DATA_ROOT=/path/to/datasets python benchmarks/privacy_dp_epsilon.py glasu
+    FEDGL_DATA_ROOT=/path/to/datasets python benchmarks/privacy_dp_epsilon.py fedaas
 
 Each call updates its protocols' rows of results.json and rewrites table.json and table.md in
 benchmarks/results/privacy-dp-epsilon/.
