@@ -378,7 +378,7 @@ def test_readme_cnfgnn_command_turns_the_example_into_cnfgnn():
 @pytest.mark.parametrize("decay", ["decoupled", "coupled"])
 def test_train_config_is_used_on_both_sides(decay):
     data = toy_graph()
-    protocol, transport = setup_protocol(NFedGNN, data, user_weight_decay=decay)
+    protocol, transport = setup_protocol(NFedGNN, data, user_weight_decay=decay, regulariser="raw")  # the paper's users
     users = transport._parties["users"]
     assert isinstance(protocol.server_optimizer, torch.optim.Adam)
     train = protocol.cfg.train

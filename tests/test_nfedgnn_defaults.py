@@ -1,5 +1,6 @@
-"""nFedGNN's default regulariser (``per_label``): one lambda weighs the penalty against the cross-entropy alike
-on every graph, and ``fedgl run --protocol nfedgnn --dataset D`` with nothing else set learns."""
+"""nFedGNN's defaults (``regulariser: per_label``): one lambda weighs the penalty against the cross-entropy alike
+on every graph, the users start from one shared weight and step at their own lr, and ``fedgl run --protocol
+nfedgnn --dataset D`` with nothing else set learns. ``regulariser: raw`` keeps the paper's method."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import torch
 from test_nfedgnn import setup_protocol, toy_graph
 
 from fedgl.config import build_config
-from fedgl.protocols.node_level.nfedgnn import LAM, NFedGNN
+from fedgl.protocols.node_level.nfedgnn import LAM, USER_LR, NFedGNN, label_reach
+from fedgl.models.split_node import prepare_server_graph
 
 
 def penalty_gradient(labels: int, **options) -> torch.Tensor:
@@ -23,9 +25,50 @@ def penalty_gradient(labels: int, **options) -> torch.Tensor:
     return grads[0] - grads[1]
 
 
-def test_the_default_is_the_per_label_penalty_at_one_lambda():
-    opts = build_config({"protocol": {"name": "nfedgnn"}}).protocol
+def options(**protocol) -> dict:
+    return build_config({"protocol": {"name": "nfedgnn", **protocol}}).protocol
+
+
+def user_side(opts: dict) -> tuple:
+    return opts["user_init"], opts["normalize_features"], opts["user_lr"]
+
+
+def test_the_default_is_the_per_label_penalty_at_one_lambda_with_the_librarys_users():
+    opts = options()
     assert (opts["regulariser"], opts["lam"]) == ("per_label", LAM)
+    assert user_side(opts) == ("shared", False, USER_LR)
+
+
+def test_raw_keeps_the_papers_users_and_set_values_win():
+    """The paper's method (committed tasks pin ``regulariser: raw``) computes as before: independent starts,
+    normalised features, users at train.lr; a user-side value the config sets is kept with either form."""
+    assert user_side(options(regulariser="raw")) == ("independent", True, None)
+    assert user_side(options(user_init="independent", user_lr=0.1)) == ("independent", False, 0.1)
+    assert user_side(options(regulariser="raw", normalize_features=False)) == ("independent", False, None)
+
+
+def test_users_step_at_user_lr_and_the_server_at_train_lr():
+    protocol, transport = setup_protocol(NFedGNN, toy_graph())
+    assert transport._parties["users"].optimizer.lr == USER_LR
+    assert protocol.server_optimizer.param_groups[0]["lr"] == protocol.cfg.train.lr != USER_LR
+
+
+def test_a_users_features_do_not_steer_its_latent():
+    """Why sparse labels fall short: user i's weight gets the outer product ``x_i g_i``, so its latent ``x_i W_i``
+    moves along the server's gradient ``g_i`` whatever its features are (Adam's first step: by ``user_lr`` times
+    the sum of its features, per coordinate). Users with different features that receive the same gradient move
+    the same way; only their starting latents carry their features."""
+    data = toy_graph()
+    protocol, transport = setup_protocol(NFedGNN, data, normalize_features=True)
+    users = transport._parties["users"]
+    before = users.embed()
+    grad = torch.randn(1, before.size(1)).expand_as(before).contiguous()
+    users.update(grad=grad)
+    moved = users.embed() - before
+    has_features = data.x.sum(1) > 0
+    assert has_features.sum() > 30 and (data.x[has_features] > 0).sum(1).unique().numel() > 1
+    expected = -USER_LR * grad.sign()  # normalised features sum to 1
+    torch.testing.assert_close(moved[has_features], expected[has_features], rtol=1e-3, atol=1e-6)
 
 
 def test_per_label_penalty_weighs_on_users_as_the_cross_entropy_does():
@@ -37,6 +80,41 @@ def test_per_label_penalty_weighs_on_users_as_the_cross_entropy_does():
     torch.testing.assert_close(few, 3 * many, rtol=1e-4, atol=1e-7)
     raw_few, raw_many = penalty_gradient(5, regulariser="raw"), penalty_gradient(15, regulariser="raw")
     torch.testing.assert_close(raw_few, raw_many, rtol=1e-4, atol=1e-7)
+
+
+def disjoint_copies(data, copies: int):
+    """``copies`` disjoint copies of ``data``'s graph: more users, labels and edges in the same proportions."""
+    n = data.num_nodes
+    edges = torch.cat([data.edge_index + k * n for k in range(copies)], 1)
+    repeat = {key: data[key].repeat(copies, *([1] * (data[key].dim() - 1)))
+              for key in ("x", "y", "train_mask", "val_mask", "test_mask")}
+    return type(data)(edge_index=edges, num_classes=data.num_classes, **repeat)
+
+
+def test_penalty_and_cross_entropy_keep_their_balance_whatever_the_graph_size():
+    """The same graph three times over (three times the users, labels and edges): the cross-entropy's pull on
+    each user falls to a third (a mean over three times the labels), and the per_label penalty's with it, so
+    lambda weighs the two alike on a graph of any size."""
+    def pulls(data):
+        grads = []
+        for lam in (10.0, 0.0):
+            protocol, transport = setup_protocol(NFedGNN, data, lam=lam)
+            grads.append(protocol.server_step(transport._parties["users"].embed(), None)[1])
+        return grads[0] - grads[1], grads[1]  # the penalty's part, the cross-entropy's
+
+    (penalty_one, ce_one), (penalty_three, ce_three) = pulls(toy_graph(n=30)), pulls(disjoint_copies(toy_graph(n=30), 3))
+    assert ce_one.abs().max() > 0 and penalty_one.abs().max() > 0
+    torch.testing.assert_close(3 * ce_three[:30], ce_one, rtol=1e-4, atol=1e-7)
+    torch.testing.assert_close(3 * penalty_three[:30], penalty_one, rtol=1e-4, atol=1e-7)
+
+
+def test_label_reach_counts_the_users_within_the_models_hops_of_a_label():
+    """A path 0-1-...-9 labelled at node 0: a two-layer model's cross-entropy reaches users 0, 1 and 2."""
+    path = torch.arange(9)
+    edges = torch.cat([torch.stack([path, path + 1]), torch.stack([path + 1, path])], 1)
+    graph = prepare_server_graph(edges, 10)
+    assert label_reach(graph, torch.tensor([0]), 2) == pytest.approx(0.3)
+    assert label_reach(graph, torch.tensor([0, 9]), 1) == pytest.approx(0.4)
 
 
 def test_raw_penalty_keeps_the_papers_lambda():

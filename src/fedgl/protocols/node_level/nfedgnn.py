@@ -6,7 +6,10 @@ latent vector; the server, which holds the topology and the training labels, agg
 latents, runs the remaining layers, updates its model and sends each user the gradient of its
 latent vector, with which the user updates ``W_i``. A graph Laplacian penalty on the latents
 (Eq. 6-7, weight ``lam``) pulls neighbours' latents together; by default (``regulariser: per_label``)
-its weight is per labelled user, as the cross-entropy's, so that one ``lam`` suits every graph.
+its weight is per labelled user, as the cross-entropy's, so that one ``lam`` suits every graph, and the
+users start from one shared weight and step at ``user_lr``: a user's latent moves along the server's
+gradient whatever its features, so its features count only through its start (docs/nfedgnn.md).
+``regulariser: raw`` is the paper's method, user side included.
 
 All users form one party, a vectorised ``UserPopulation``: per-user weights and optimiser state
 are batched tensors, user i's computation touches only its own entries, and per-user messages
@@ -18,7 +21,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import Tensor
 from torch.nn import functional as F
 from torch_geometric.data import Data
@@ -29,6 +32,7 @@ from ...config import TrainConfig
 from ...evaluation import Evaluator
 from ...models.split_node import (
     BatchedOptimizer,
+    ServerGraph,
     SplitShape,
     UserFeatures,
     build_server_model,
@@ -60,7 +64,11 @@ class SplitOptions(ProtocolOptions):
                                  "before Adam's normalisation, as torch.optim.Adam does)")
 
 
-LAM = 15.0  # per_label: Cora's 300 of the paper's raw form, as 300 x 140 labels / 2,708 users (docs/nfedgnn.md)
+LAM = 1.0  # per_label's unit: the penalty weighs on a user of mean degree as one label's cross-entropy does
+USER_LR = 0.01  # per_label's users: a tenth of the server's 0.1, so their shared start is not stepped over at once
+# per_label's user side, where the config leaves it unset; raw keeps the paper's (docs/nfedgnn.md, "Sparse labels")
+USER_SIDE = {"per_label": {"user_init": "shared", "normalize_features": False, "user_lr": USER_LR},
+             "raw": {"user_init": "independent", "normalize_features": True, "user_lr": None}}
 
 
 class NFedGNNOptions(SplitOptions):
@@ -68,26 +76,44 @@ class NFedGNNOptions(SplitOptions):
     regulariser: Literal["per_label", "raw"] = Field(
         "per_label", description="per_label: Eq. 6's penalty times users / training labels, so that it weighs on each "
                                  "user as the cross-entropy (a mean over the labels) does and one lam suits every "
-                                 "graph; raw: Eq. 6 as written, whose lam the paper tunes per dataset (Cora: 300)")
+                                 "graph, with the library's user side; raw: the paper's method, Eq. 6 as written, "
+                                 "whose lam the paper tunes per dataset (Cora: 300)")
     reg_heads: Literal["per_head", "mean"] = Field(
         "per_head", description="GAT: regularise every head's latent, or the latent averaged over heads")
     user_fraction: float = Field(1.0, gt=0, le=1, description="share of users taking part in each round")
     user_init: Literal["independent", "shared"] = Field(
-        "independent", description="each user draws its own first-layer weight, or all start from one")
+        "shared", description="each user draws its own first-layer weight, or all start from one; unset: shared with "
+                              "per_label, independent with raw (the paper's)")
+    normalize_features: bool = Field(
+        False, description="each user divides its feature vector by its sum (the GCN paper's preprocessing); unset: "
+                           "false with per_label, true with raw (the paper's)")
+    user_lr: float | None = Field(
+        USER_LR, gt=0, json_schema_extra={"earlier": None},
+        description="the users' learning rate (None: train.lr, as the paper); unset: 0.01 with per_label, None with raw")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _user_side(cls, data: Any) -> Any:
+        """Fill the user-side settings the config leaves out from the regulariser's form."""
+        if not isinstance(data, dict):
+            return data
+        side = USER_SIDE.get(data.get("regulariser", "per_label"), {})
+        return {**side, **data}
 
 
 class UserPopulation(Party):
     """All users of the graph. Row i of every batched tensor is user i's private state."""
 
     def __init__(self, name: str, seed: int, user_x: Tensor, latent_dim: int, dropout: float, train: TrainConfig,
-                 decoupled_decay: bool, shared_init: bool, normalize_features: bool, dp: DPConfig | None = None):
+                 decoupled_decay: bool, shared_init: bool, normalize_features: bool, dp: DPConfig | None = None,
+                 lr: float | None = None):
         super().__init__(name, seed)
         self.dp = dp  # with DP every latent is clipped and noised before it leaves its user (``release``)
         self.private = PrivateRelease(dp, seed) if dp is not None else None
         self.features = UserFeatures.from_dense(user_x, normalize_features)
         self.weight, self.initial = init_support_weights(self.features, latent_dim, shared_init)
         self.optimizer = BatchedOptimizer(self.weight, self.features.row, self.features.num_users, train.optimizer,
-                                          train.lr, train.weight_decay, decoupled_decay)
+                                          train.lr if lr is None else lr, train.weight_decay, decoupled_decay)
         self.dropout = dropout
         self.pending: tuple[Tensor | None, Tensor | None, Tensor | None] | None = None
         self.scratch = scratch()
@@ -140,6 +166,16 @@ class UserPopulation(Party):
         return sum(t.element_size() * t.numel() for t in tensors) + self.optimizer.nbytes()
 
 
+def label_reach(graph: ServerGraph, train_idx: Tensor, hops: int) -> float:
+    """Share of users whose latent the cross-entropy reaches: those within ``hops`` aggregations of a
+    training label. The others learn from the penalty alone (docs/nfedgnn.md, "Sparse labels")."""
+    reach = torch.zeros(graph.num_nodes, dtype=torch.bool)
+    reach[train_idx] = True
+    for _ in range(hops):  # out[dst] sums h[src]: a labelled dst sends gradient back to its sources
+        reach = reach.index_fill(0, graph.src[reach[graph.dst]], True)
+    return reach.float().mean().item()
+
+
 def _same_users(a: Tensor | None, b: Tensor | None) -> bool:
     if a is None or b is None:
         return a is None and b is None
@@ -174,6 +210,7 @@ class NFedGNN(Protocol):
         self.y_train = part.y_train[self.train_idx]
         self.graph = prepare_server_graph(part.edge_index, part.num_nodes)
         self.latents = torch.zeros(part.num_nodes, self.shape.latent_dim)  # the latest latent of each user
+        self.label_reach = label_reach(self.graph, self.train_idx, self.shape.num_layers)
         self.last_stats: dict[str, float] = {}
         self.users = self.transport.spawn(self.Users, [dict(
             name="users", seed=self.cfg.seed * 100_003 + 1, user_x=part.user_x, latent_dim=self.shape.latent_dim,
@@ -185,7 +222,7 @@ class NFedGNN(Protocol):
         self.place()
 
     def user_options(self) -> dict[str, Any]:
-        return {"shared_init": self.opts.user_init == "shared"}
+        return {"shared_init": self.opts.user_init == "shared", "lr": self.opts.user_lr}
 
     @property
     def lam(self) -> float:
@@ -246,7 +283,8 @@ class NFedGNN(Protocol):
         """The last round's training loss, so bench tables can show whether a protocol fits its labels;
         with DP, epsilon at delta over every release (training and scoring)."""
         dp = self.accountant.summary() if self.accountant else {}
-        return {f"final_{key}": value for key, value in self.last_stats.items()} | dp
+        return {f"final_{key}": value for key, value in self.last_stats.items()} | dp | {
+            "label_reach": self.label_reach}
 
     @torch.no_grad()
     def predict(self, evaluator: Evaluator) -> Tensor:
