@@ -337,6 +337,7 @@ class Run:
             "final_test_accuracy": rows[-1]["test_accuracy"] if rows else None,
             "final_test_macro_f1": rows[-1]["test_macro_f1"] if rows else None,
             "final_test_auc": rows[-1]["test_auc"] if rows else None,
+            "final_train_loss": rows[-1].get("train_loss") if rows else None,
             "bytes_total": ledger.total(),
             "bytes_by_kind": ledger.by_kind(include_eval=False),
             "bytes_by_direction": ledger.by_direction(),

@@ -19,6 +19,7 @@ MODULES: dict[str, str] = {
     "fedaas": "fedgl.bench.fedaas",
     "fedaas-table1": "fedgl.bench.fedaas_table1",
     "privacy": "fedgl.bench.privacy",
+    "defaults": "fedgl.bench.defaults",
 }
 
 

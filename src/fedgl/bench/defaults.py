@@ -1,0 +1,31 @@
+"""Every registered protocol at its defaults: ``fedgl run --protocol P --dataset D`` with nothing else set.
+
+What a user gets who names only a protocol and a dataset: test accuracy, the last round's training loss
+and the bytes the run sent, for each protocol of ``fedgl.config.registry`` on four datasets. The datasets
+are the three Planetoid citation graphs, whose splits label 20 nodes a class (the sparse-label case), and
+Amazon Computers (60 % labelled, dense edges), so a default that only suits one regime shows. One seed:
+the task checks defaults, it does not compare methods.
+"""
+
+from __future__ import annotations
+
+from ..config.registry import REGISTRY
+from .core import BenchTask, Variant
+
+DATASETS = ("cora", "citeseer", "pubmed", "computers")
+COLUMNS = ["test_accuracy", "final_test_accuracy", "final_train_loss", "bytes_total", "wall_ms_per_round"]
+
+
+def defaults_task() -> BenchTask:
+    variants = [Variant(f"{dataset} {protocol}", {"dataset.name": dataset, "protocol.name": protocol})
+                for dataset in DATASETS for protocol in REGISTRY]
+    return BenchTask(
+        name="defaults",
+        description="Every registered protocol at its defaults (nothing set but protocol and dataset) on Cora, "
+                    "CiteSeer, PubMed and Amazon Computers: test accuracy at the best-validation round and at the "
+                    "last, the last round's training loss and the bytes sent.",
+        base={}, variants=variants, columns=COLUMNS, seeds=1, quick={"train.rounds": 2},
+        source="not in a paper: the library's defaults")
+
+
+TASKS = {task.name: task for task in (defaults_task(),)}
