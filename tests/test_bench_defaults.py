@@ -1,0 +1,28 @@
+"""The ``defaults`` bench task: every registered protocol, nothing set but protocol and dataset."""
+
+from __future__ import annotations
+
+from fedgl.bench import get_task
+from fedgl.bench.core import variant_config
+from fedgl.bench.defaults import DATASETS
+from fedgl.config.registry import REGISTRY
+
+
+def test_defaults_task_runs_every_registered_protocol_on_every_dataset_at_its_defaults():
+    task = get_task("defaults")
+    assert {v.label for v in task.variants} == {f"{d} {p}" for d in DATASETS for p in REGISTRY}
+    for variant in task.variants:
+        assert set(variant.overrides) == {"dataset.name", "protocol.name"}
+        cfg = variant_config(task, variant, 0, {})
+        assert (cfg.protocol_name, cfg.dataset.name) == (variant.overrides["protocol.name"],
+                                                         variant.overrides["dataset.name"])
+    assert {"test_accuracy", "final_train_loss", "bytes_total"} <= set(task.columns)
+
+
+def test_a_run_summary_keeps_the_last_rounds_training_loss(tmp_path):
+    from fedgl import api
+    from fedgl.results import read_jsonl
+
+    result = api.run(out_dir=tmp_path / "run", train__rounds=2)
+    last = read_jsonl(tmp_path / "run" / "metrics.jsonl")[-1]
+    assert result.summary["final_train_loss"] == last["train_loss"] > 0
