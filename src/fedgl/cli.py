@@ -252,7 +252,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("config", nargs="?", help="YAML config; omitted = the embedded synthetic default")
     r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key, e.g. train.rounds=50")
     r.add_argument("--out", help="results folder (default results/<protocol>-<dataset>-seed<seed>-<time>)")
-    r.add_argument("--backend", choices=["local", "ray"])
+    r.add_argument("--backend", choices=["local", "ray", "flower"])
     r.add_argument("--protocol")
     r.add_argument("--dataset")
     r.add_argument("--data-root", dest="data_root")

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from ..errors import ConfigError, PartyFailure
+from ..flower_relay import REFUSED
 from .flower_codec import decode, encode
-from .flower_party import CONTROL, REFUSED
+from .flower_party import CONTROL
 from .network import NetworkModel
 from .party import Party
 from .transport import Transport
