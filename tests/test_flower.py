@@ -259,13 +259,15 @@ def test_the_flower_backend_outside_a_server_app_says_how_to_submit(tmp_path, ca
 
 
 @pytest.mark.slow
-def test_the_simulation_engine_runs_the_same_apps(tmp_path):
-    """Flower's Simulation Engine, one SuperNode per party: metrics and ledger as in process, and
-    every message the server sends or receives holds only fedgl's records."""
+@pytest.mark.parametrize("protocol", ["fedavg", "glasu", "nfedgnn"])
+def test_the_simulation_engine_runs_the_same_apps(protocol, tmp_path):
+    """Flower's Simulation Engine, one SuperNode (and party host) per party: metrics and ledger as in
+    process, for the protocols whose parties keep a live forward pass too, and every message the
+    server sends or receives holds only fedgl's records."""
     from fedgl.comm.flower_transport import FlowerTransport
     from fedgl.flower_app import simulate
 
-    cfg = {**BASE, **PROTOCOLS["fedavg"], "train": {"rounds": 2}}
+    cfg = {**BASE, **PROTOCOLS[protocol], "train": {"rounds": 2}}
     write_shards(build_config(cfg), tmp_path / "shards")
     run(build_config(cfg), tmp_path / "plain")
     contents = []

@@ -15,7 +15,8 @@ from typing import Any, Sequence
 
 HOST = "fedgl-host"  # node config: the party host's socket
 REFUSED = 600  # the Flower error code of a call the party refused (a one-line reason)
-REFUSAL = "fedgl-refused"  # the entry of a host's reply that carries its refusal
+NOT_MADE = 601  # ... of a call to a party this node's host has not made for the run (its SuperNode restarted)
+REFUSAL, ABSENT = "fedgl-refused", "fedgl-not-made"  # the entries of a host's reply that carry either
 
 
 class RelayError(ValueError):
@@ -87,6 +88,8 @@ def relay(message: Any, context: Any, hosts: Sequence[str] = ()) -> Any:
         action = message.metadata.message_type.partition(".")[2]
         answer = ask(str(host), to_bytes(message.content, action=action, run=int(context.run_id)))
         content, extra = from_bytes(answer)
+        if ABSENT in extra:
+            return Message(Error(code=NOT_MADE, reason=str(extra[ABSENT])), reply_to=message)
         if REFUSAL in extra:
             raise RelayError(str(extra[REFUSAL]))
         return Message(content, reply_to=message)

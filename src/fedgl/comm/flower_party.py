@@ -25,13 +25,18 @@ from typing import Any
 
 from .. import device as devices
 from ..errors import ConfigError, FedglError
-from ..flower_relay import REFUSAL, RelayError, from_bytes, to_bytes
+from ..flower_relay import ABSENT, REFUSAL, RelayError, from_bytes, to_bytes
 from .flower_codec import decode, encode
 from .party import Party
 from .rpc import spec_of
 from .shard_file import load_party
 
 CONTROL = "_fedgl_"  # prefix of the node's own actions; no @rpc method starts with an underscore
+
+
+class NotMade(ConfigError):
+    """A call to a party this host has not made for the run: its SuperNode was started again mid-run,
+    so the server counts the party as lost (and may make it again) rather than stopping."""
 
 
 class NodeParty:
@@ -46,7 +51,7 @@ class NodeParty:
         try:
             spec = json.loads(self.spec.read_text())
         except FileNotFoundError:
-            raise ConfigError(f"party {self.name} was not made on this node for this run") from None
+            raise NotMade(f"party {self.name} was not made on this node for this run") from None
         cls, kwargs = load_party(self.shard, spec["class"], spec["sha256"])
         return cls, kwargs, spec
 
@@ -131,6 +136,8 @@ def _reply(blob: bytes, nodes: dict[int, NodeParty], name: str, shard: str, stat
             nodes[run] = NodeParty(name, shard, state_dir, run)
         result, out = answer(nodes[run], action, payload, meta)
         return to_bytes(encode(result, **out))
+    except NotMade as err:
+        return to_bytes({}, **{ABSENT: _reason(err)})
     except (FedglError, RelayError, AttributeError, OSError, KeyError) as err:
         return to_bytes({}, **{REFUSAL: _reason(err)})
 
