@@ -33,9 +33,6 @@ from typing import Iterator, Sequence
 
 from ..errors import ConfigError
 
-# flower-supernode's exit code when the SuperLink refuses to activate it: an unregistered key, or the
-# same key's previous SuperNode, crashed, still online to the SuperLink until its heartbeats lapse (60 s)
-NOT_ACTIVATED = 305
 APP = "fedgl_app"  # the folder ``flwr run`` bundles: fedgl's ServerApp and ClientApp and their run config
 NO_TLS = "--i-accept-no-tls"
 
@@ -237,8 +234,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument(flag, required=flag != "--ca")
     p.add_argument("--state", default=None)
     p.add_argument("--rejoin-timeout", type=float, default=120.0,
-                   help="seconds to keep asking the SuperLink to activate this node (after a crash it refuses "
-                        "the same key for up to a minute)")
+                   help="seconds after the start to keep starting the SuperNode again when it fails (after a "
+                        "crash the SuperLink refuses the same key for up to a minute)")
     p = sub.add_parser("register")
     p.add_argument("public_key")
     p.add_argument("--flwr-home", required=True)
@@ -297,9 +294,11 @@ def supernode(args: argparse.Namespace, command: list[str], env: dict[str, str])
         while True:
             node = subprocess.Popen(command, env=env)
             code = node.wait()
-            if code != NOT_ACTIVATED or time.monotonic() > deadline:
+            if code == 0 or time.monotonic() > deadline:
                 return code
-            time.sleep(5.0)  # the SuperLink still counts this node's crashed run online: ask again
+            # Refused at the start (Flower's exit code says no more): most often the SuperLink still
+            # counts this key's crashed SuperNode online, until its heartbeats lapse (60 s). Ask again.
+            time.sleep(5.0)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
