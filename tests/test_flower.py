@@ -22,7 +22,7 @@ from fedgl.comm.flower_setup import main as setup_main  # noqa: E402
 from fedgl.config import build_config  # noqa: E402
 from fedgl.deployment import write_shards  # noqa: E402
 from fedgl.errors import ConfigError  # noqa: E402
-from fedgl.flower_relay import REFUSED, relay  # noqa: E402
+from fedgl.flower_relay import NOT_MADE, REFUSED, relay  # noqa: E402
 from fedgl.runner import run  # noqa: E402
 
 BASE = {"dataset": {"options": {"num_nodes": 150}}, "partition": {"num_clients": 3}, "train": {"rounds": 1},
@@ -150,6 +150,8 @@ def test_a_party_answers_only_its_rpc_methods(tmp_path):
     manifest = write_shards(build_config({**BASE, **PROTOCOLS["fedavg"]}), tmp_path / "shards")
     party = manifest["parties"][0]
     context = host(tmp_path / "node", party["name"], str(tmp_path / "shards" / party["file"]))
+    unmade = _ask(context, "train", {"state": {}})  # as to a SuperNode started again mid-run: a lost party
+    assert unmade.has_error() and unmade.error.code == NOT_MADE
     assert not _ask(context, "_fedgl_spawn", **{"class": party["class"], "sha256": party["sha256"],
                                                 "device": "cpu"}).has_error()
     assert decode(_ask(context, "_fedgl_hello").content)[0] == party["name"]
@@ -282,3 +284,12 @@ def test_the_simulation_engine_runs_the_same_apps(protocol, tmp_path):
             for p in (tmp_path / "plain", tmp_path / "flower")]
     assert rows[0] == rows[1]
     assert (tmp_path / "plain" / "ledger.jsonl").read_text() == (tmp_path / "flower" / "ledger.jsonl").read_text()
+
+
+def test_the_client_app_flower_starts_per_message_imports_no_torch():
+    """Flower starts a ClientApp process for every message: fedgl's must stay small."""
+    import subprocess
+    import sys
+
+    code = "import sys, fedgl.flower_app; sys.exit('torch' in sys.modules or 'fedgl.comm' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
