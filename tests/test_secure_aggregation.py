@@ -137,10 +137,6 @@ def test_a_bad_participant_list_is_refused_in_one_line(ids, problem):
     with pytest.raises(RunFailed) as err:
         clients[0].share_keys(1, torch.tensor(ids), keys[torch.tensor(ids).clamp(max=3)], 3)
     assert problem in one_line(err)
-    pairwise = sa.MaskingClient(0, sa.KeyPair.generate())
-    pairwise.agree(torch.stack([pairwise.public_key()] + [sa.MaskingClient.create(i).public_key() for i in (1, 2)]))
-    with pytest.raises(RunFailed, match="repeats client 1|fewer than 3"):
-        pairwise.mask(torch.zeros(3, dtype=torch.int64), torch.tensor([0, 1, 1] if "repeats" in problem else [0, 1]), 1)
 
 
 def test_a_repeated_round_index_is_refused():
@@ -153,11 +149,6 @@ def test_a_repeated_round_index_is_refused():
     secure_sum(transport, names, list(range(4)), label=7, threshold=3)
     with pytest.raises(RunFailed, match="refuses to mask twice under index 7"):
         secure_sum(transport, names, list(range(4)), label=7, threshold=3)
-    pairwise = sa.MaskingClient(0, sa.KeyPair.generate())
-    pairwise.agree(torch.stack([pairwise.public_key()] + [sa.MaskingClient.create(i).public_key() for i in (1, 2)]))
-    pairwise.mask(torch.zeros(3, dtype=torch.int64), None, 4)
-    with pytest.raises(RunFailed, match="refuses to mask twice under index 4"):
-        pairwise.mask(torch.zeros(3, dtype=torch.int64), None, 4)
 
 
 def test_a_substituted_round_key_fails_its_signature():
