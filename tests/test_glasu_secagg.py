@@ -123,10 +123,14 @@ def test_a_client_lost_in_a_sum_leaves_the_mean_of_the_others(runs, tmp_path, mo
     assert later and "client3" not in {row["src"] for row in later} | {row["dst"] for row in later}
 
 
-def test_fewer_clients_than_the_threshold_stop_the_run_in_one_line(tmp_path):
+def test_fewer_clients_than_the_threshold_or_than_three_stop_the_run_in_one_line(tmp_path):
     with pytest.raises(RunFailed) as err:
         execute(glasu(SECURE, rounds=1), tmp_path / "two", absent={3: {"client1", "client3"}})
     assert "2 of 4 clients left at the input step, fewer than the threshold 3" in one_line(err)
+    # three clients, threshold 2: the sum that loses one completes, but no later sum could run
+    with pytest.raises(RunFailed) as err:
+        execute(glasu(SECURE, rounds=1, partition={"num_clients": 3}), tmp_path / "three", absent={3: {"client2"}})
+    assert "glasu lost client2: 2 clients remain, a secure sum needs 3" in one_line(err)
 
 
 # ---- labels across a resume ---------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from ...evaluation import Evaluator
 from ...models.split_vertical import aggregate, backbone_options, check_width
 from ...partition import partition_vertical
 from ...privacy.dp import SUBSTITUTION, VERTICAL_ROWS, DPAccountant
+from ...privacy.secure_aggregation import MIN_PARTICIPANTS
 from ..aggregation import check_secure_round, secure_sum, trust_identities
 from ..base import Protocol
 from .client import GlasuClient, draw
@@ -108,6 +109,7 @@ class Glasu(Protocol):
 
     @property
     def members(self) -> list[str]:
+        """The parties of those clients."""
         return [name for name in self.clients if name not in self.lost]
 
     @property
@@ -144,6 +146,9 @@ class Glasu(Protocol):
             raise RunFailed(f"glasu lost {names}: aggregation concat cannot go on without their feature blocks")
         if not self.scorers:
             raise RunFailed(f"glasu lost {names}: no client left to score the nodes (label holder or eval_client)")
+        if self.cfg.privacy.secure_aggregation and len(self.active) < MIN_PARTICIPANTS:
+            raise RunFailed(f"glasu lost {names}: {len(self.active)} clients remain, a secure sum needs "
+                            f"{MIN_PARTICIPANTS}")
         self.transport.call_many(self.members, "regroup", count=len(self.active))
 
     # ---- training ---------------------------------------------------------------------------------
