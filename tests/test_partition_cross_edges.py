@@ -116,3 +116,20 @@ def test_unknown_unit_is_refused_in_one_line(graph) -> None:
         partition_horizontal(graph, NUM_CLIENTS, "random", drop_unit="edge")
     with pytest.raises(ConfigError, match="drop_unit"):
         build_config({"partition": {"drop_unit": "edge"}})
+
+
+def test_sparse_task_runs_the_three_protocols_on_the_sparse_partition() -> None:
+    from fedgl.bench.core import variant_config
+    from fedgl.bench.fedaas import TASKS
+    from fedgl.bench.fedaas_table1 import TASKS as TABLE1
+
+    task = TASKS["fedaas-sparse-cs"]
+    configs = [variant_config(task, variant, 0, {}) for variant in task.variants]
+    assert [c.protocol_name for c in configs] == ["fedaas", "fedcross", "fedaas-pns"]
+    for cfg in configs:
+        assert (cfg.dataset.name, cfg.partition.method, cfg.partition.num_clients) == ("cs", "stratified", 50)
+        assert (cfg.partition.drop_unit, cfg.partition.cross_edge_drop, cfg.partition.edge_drop) == ("entry", 0.99, 0.99)
+    assert [v.reference["final_test_accuracy"] for v in task.variants] == [95.32, 93.08, 94.24]
+    [sparse] = [v for v in TABLE1["fedaas-table1"].variants if v.label == "cs sparse"]
+    table1 = variant_config(TABLE1["fedaas-table1"], sparse, 0, {}).partition
+    assert table1 == configs[0].partition and sparse.reference["cross_edges"] == 2020
