@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -213,16 +212,20 @@ def test_missing_datasets_are_listed_with_their_files(root: Path, capsys: pytest
         assert "missing" in line and expected[name] in line
 
 
-def test_ogb_download_failure_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("name, file, why", [
+    ("products", "ogb/ogbn_products/raw/edge.csv.gz", "network is unreachable"),
+    ("herigraph-suzhou", "herigraph/Suzhou/raw/suzhou.npz", "HeriGraph has no download"),
+])
+def test_download_failure_at_the_default_root_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          name: str, file: str, why: str) -> None:
     def offline(*args, **kwargs):
         raise urllib.error.URLError("network is unreachable")
 
     monkeypatch.delenv("FEDGL_DATA_ROOT", raising=False)
     monkeypatch.setenv("FEDGL_CACHE", str(tmp_path))
     monkeypatch.setattr(urllib.request, "urlopen", offline)
-    assert dataset_status("ogbn-products").source == "download"
+    assert dataset_status(name).source == "download"
     with pytest.raises(DataError) as error:
-        load_dataset("products")
+        load_dataset(name)
     message = str(error.value)
-    assert "download failed" in message and "ogb/ogbn_products/raw/edge.csv.gz" in message and "\n" not in message
-    assert not os.path.exists(tmp_path / "datasets" / "ogb" / "products.zip")
+    assert "download failed" in message and file in message and why in message and "\n" not in message

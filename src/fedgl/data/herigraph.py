@@ -4,8 +4,9 @@ No PyG loader exists and the Heri-Graphs release is a set of city CSV tables, so
 ``numpy`` archive per city, ``herigraph/<City>/raw/<city>.npz``, with the arrays ``x`` (float,
 [N, F]: the visual features), ``y`` (int, [N]: the heritage attribute 0-8, -1 where the post has no
 valid label) and ``temporal``, ``social``, ``spatial`` (int, [2, E]: each subgraph's edges as node
-positions). The graph is the union of the three subgraphs (GLASU's server and centralized graph);
-``edge_type`` keeps which subgraph each edge came from (0 temporal, 1 social, 2 spatial).
+positions). ``load_dataset`` gives the union of the three subgraphs (GLASU's server and centralized
+graph); the processed file also keeps each edge's subgraph as ``edge_type`` (0 temporal, 1 social,
+2 spatial) for a partition that hands one subgraph to each client.
 
 GLASU draws 20% of each class for training and 50% for testing; the shipped split here does the same
 once, from a fixed seed, with the remaining 30% of each class for validation. Unlabelled posts are in
@@ -48,8 +49,6 @@ class HeriGraph(InMemoryDataset):
     """One city: the union graph, its visual features and attribute labels, the shipped split."""
 
     def __init__(self, root: str, name: str) -> None:
-        if name not in CITIES:
-            raise ValueError(f"unknown HeriGraph city {name!r}; allowed: {', '.join(CITIES)}")
         self.name = name
         super().__init__(root)
         self.load(self.processed_paths[0])
