@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 import scipy.sparse as sp
 import torch
 
+import fedgl.data.ogb_raw as ogb_raw
 from fedgl.cli import main
 from fedgl.data import dataset_status, load_dataset
 from fedgl.errors import DataError
@@ -229,3 +231,24 @@ def test_download_failure_at_the_default_root_is_one_line(tmp_path: Path, monkey
         load_dataset(name)
     message = str(error.value)
     assert "download failed" in message and file in message and why in message and "\n" not in message
+
+
+def test_ogb_download_unpacks_into_ogbs_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At the default root the zip OGB serves (``products/...``) ends up where OGB's loader keeps it."""
+    write_ogb(tmp_path / "zip", "ogbn-products", "sales_ranking")
+    (tmp_path / "zip" / "ogb" / "ogbn_products").rename(tmp_path / "zip" / "products")
+    archive = shutil.make_archive(str(tmp_path / "products"), "zip", tmp_path / "zip", "products")
+    urls = []
+
+    def served(url: str, folder: str) -> str:
+        urls.append(url)
+        return shutil.copy(archive, folder)
+
+    monkeypatch.delenv("FEDGL_DATA_ROOT", raising=False)
+    monkeypatch.setenv("FEDGL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(ogb_raw, "download_url", served)
+    data = load_dataset("ogbn-products")
+    check_graph(data, "ogbn-products", undirected_count(RAW_EDGES))
+    assert urls == ["http://snap.stanford.edu/ogb/data/nodeproppred/products.zip"]
+    folder = tmp_path / "cache" / "datasets" / "ogb"
+    assert sorted(p.name for p in folder.iterdir()) == ["ogbn_products"] and dataset_status("products").present

@@ -9,6 +9,7 @@ reads, so a folder made by either works here:
 
 from __future__ import annotations
 
+import os
 import os.path as osp
 import shutil
 
@@ -63,6 +64,7 @@ class OgbNodeDataset(InMemoryDataset):
         short = self.name.removeprefix("ogbn-")
         path = download_url(URL.format(short), self.root)
         extract_zip(path, self.root)
+        os.unlink(path)
         shutil.rmtree(self.folder, ignore_errors=True)
         shutil.move(osp.join(self.root, short), self.folder)
 
