@@ -128,7 +128,8 @@ def test_a_swapped_identity_file_is_refused_in_one_line(tmp_path, capsys):
     key = tmp_path / "shards" / "client0" / "identity.key"
     key.unlink()
     shutil.copy2(tmp_path / "shards" / "client1" / "identity.key", key)
-    (tmp_path / "run.yaml").write_text(yaml.safe_dump(tiny("fedavg-secure", backend={"shards": str(tmp_path / "shards")})))
+    settings = tiny("fedavg-secure", backend={"shards": str(tmp_path / "shards")})
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(settings))
     code = main(["run", str(tmp_path / "run.yaml"), "--out", str(tmp_path / "run"), "--quiet"])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1

@@ -227,7 +227,7 @@ def _keys(args: argparse.Namespace) -> int:
     if len(set(keys)) != len(keys) or not keys:
         raise ConfigError("fedgl keys roster needs one distinct public key per client, client 0 first")
     Roster(keys).write(out)
-    console().print(f"roster of {len(keys)} clients written to {out}; set privacy.secure_aggregation.roster={out}")
+    console().print(f"roster of {len(keys)} clients written to {out}; name it in the config: privacy: {{secure_aggregation: {{roster: {out}}}}}")
     return 0
 
 

@@ -102,6 +102,7 @@ class SecureSumParty:
         return party
 
     def pin(self, identity: bytes | str | None, roster: Tensor | None) -> None:
+        """Take ``identity`` and trust ``roster`` alone, once the key is the roster's entry for this client."""
         index = self.secagg.index
         if roster is None:
             raise ConfigError(f"client {index}: privacy.secure_aggregation pins identities but its shard has no "
