@@ -63,7 +63,7 @@ def test_secure_glasu_ends_where_plain_glasu_ends(runs):
     plain, secure = runs["plain"], runs["secure"]
     same_metrics(plain, secure)
     rows = secure.transport.ledger.rows()
-    assert {r["method"] for r in rows if r["round"] == 0} == {"secagg_identity", "secagg_trust"}
+    assert not [r for r in rows if r["round"] == 0]  # identities pinned as the clients are made: no table relayed
     assert round_bytes(secure, 1, "forward", "up") == 0  # no representation leaves a client but masked
     assert secure.protocol.sums == 2 * (BATCHES + 1) * LEVELS  # a sum per level, mini-batch and inference
 

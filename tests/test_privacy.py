@@ -145,7 +145,8 @@ def test_secure_fedavg_ends_where_plain_fedavg_ends(tmp_path, protocol):
 
 
 def test_ledger_counts_identities_and_eight_bytes_per_masked_coordinate(tmp_path):
-    job, _ = run(config({"secure_aggregation": True}, rounds=2, group_size=1), tmp_path, "secure")
+    # identities relayed through the server (pinned ones send nothing: tests/test_identity_roster.py)
+    job, _ = run(config({"secure_aggregation": {"identities": "relayed"}}, rounds=2, group_size=1), tmp_path, "secure")
     params = sum(p.numel() for p in job.protocol.model.state_dict().values())
     rows = job.transport.ledger.rows()
     n = 4

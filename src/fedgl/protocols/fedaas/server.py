@@ -103,7 +103,7 @@ class FedAAS(Protocol):
 
     def start(self) -> None:
         if self.secure:
-            trust_identities(self.transport, self.clients)
+            trust_identities(self.transport, self.clients, self.cfg.privacy)
 
     # ---- the interval ---------------------------------------------------------------------------
     def server_loss(self) -> float:

@@ -82,7 +82,7 @@ class FedAvg(Protocol):
 
     def start(self) -> None:
         if self.privacy.secure_aggregation:
-            trust_identities(self.transport, self.clients)
+            trust_identities(self.transport, self.clients, self.privacy)
 
     def group_size(self) -> int:
         """Clients per party (see ``FedAvgOptions.group_size``)."""

@@ -26,6 +26,7 @@ from ...models.split_vertical import (
     sample_below,
 )
 from ...optim import make_optimizer
+from ...privacy import PrivacyConfig
 from ...privacy.bonawitz import SecAggClient
 from ...privacy.dp import PrivateRelease
 from ...privacy.secure_aggregation import encode
@@ -49,7 +50,7 @@ class GlasuClient(SecureSumParty, Party):
 
     def __init__(self, name: str, seed: int, index: int, num_clients: int, x: Tensor, edge_index: Tensor,
                  y: Tensor | None, train_mask: Tensor, model: ModelConfig, train: TrainConfig, num_classes: int,
-                 levels: list[int], fanouts: list[int], opts: dict[str, Any]):
+                 levels: list[int], fanouts: list[int], opts: dict[str, Any], privacy: PrivacyConfig | None = None):
         super().__init__(name, seed)
         self.index = index
         self.features, self.y = features(x), y
@@ -69,8 +70,9 @@ class GlasuClient(SecureSumParty, Party):
         self._eval: ForwardPass | None = None
         self._memo: dict[Any, tuple] = {}  # full sampling: the last sets below and plan (see _below, _prepare)
         self.members = num_clients  # the clients the mean is over: fewer once the server has lost some
-        self.secagg = SecAggClient.create(index) if opts["secure_aggregation"] else None
-        self.dp = opts["dp"]
+        privacy = privacy or PrivacyConfig()
+        self.secagg = SecAggClient.create(index) if privacy.secure_aggregation and levels else None
+        self.dp = privacy.dp
         self.private = PrivateRelease(self.dp, seed) if self.dp is not None else None
         self._reset()
 

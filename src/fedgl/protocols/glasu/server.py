@@ -65,8 +65,7 @@ class Glasu(Protocol):
         self.partition_stats = part.stats
         settings = {"S": opts.S, "Q": opts.Q, "batches": opts.batches, "sampling": opts.sampling,
                     "adjacency": opts.adjacency, "aggregation": opts.aggregation, "graph": opts.graph,
-                    "backward": opts.backward, "lr_decay_every": opts.lr_decay_every, "lr_decay": opts.lr_decay,
-                    "secure_aggregation": cfg.privacy.secure_aggregation, "dp": cfg.privacy.dp}
+                    "backward": opts.backward, "lr_decay_every": opts.lr_decay_every, "lr_decay": opts.lr_decay}
         if cfg.privacy.secure_aggregation and (opts.aggregation != "mean" or opts.backward != "local"):
             raise ConfigError("glasu: privacy.secure_aggregation sums the clients' representations, so it needs "
                               f"protocol.aggregation mean and backward local (got {opts.aggregation}, {opts.backward})")
@@ -86,7 +85,7 @@ class Glasu(Protocol):
             dict(name=f"client{m}", seed=cfg.seed * 100_003 + m + 1, index=m, num_clients=M, x=shard.x,
                  edge_index=shard.edge_index, y=shard.y, train_mask=shard.train_mask, model=model, train=cfg.train,
                  num_classes=part.num_classes, levels=[] if self.alone else self.levels, fanouts=fanouts,
-                 opts=settings)
+                 opts=settings, privacy=cfg.privacy)
             for m, shard in enumerate(part.shards)
         ])
         # Algorithm 2: with labels everywhere the server draws the mini-batches, so it knows the training ids.
@@ -100,7 +99,7 @@ class Glasu(Protocol):
 
     def start(self) -> None:
         if self.cfg.privacy.secure_aggregation and not self.alone:
-            trust_identities(self.transport, self.clients)
+            trust_identities(self.transport, self.clients, self.cfg.privacy)
 
     @property
     def active(self) -> list[int]:

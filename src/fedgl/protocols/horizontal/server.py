@@ -154,7 +154,7 @@ class CrossClientProtocol(Protocol):
 
     def start(self) -> None:
         if self.cfg.privacy.secure_aggregation:  # the identities the gradient sums' keys are signed with
-            trust_identities(self.transport, self.clients)
+            trust_identities(self.transport, self.clients, self.cfg.privacy)
 
     def build(self, num_features: int, num_classes: int) -> None:
         with torch.random.fork_rng():
