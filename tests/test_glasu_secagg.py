@@ -17,6 +17,7 @@ from fedgl.protocols.glasu.client import GlasuClient
 from fedgl.runner import Run
 from support.configs import TINY, merge
 from support.masks import top_bits
+from support.stored import files_holding
 from test_secure_aggregation import one_line
 
 SECURE = {"secure_aggregation": True}  # 4 clients: threshold 3
@@ -134,9 +135,9 @@ def test_fewer_clients_than_the_threshold_or_than_three_stop_the_run_in_one_line
 
 
 # ---- labels across a resume ---------------------------------------------------------------------------
-def test_a_resumed_run_goes_on_with_new_labels_and_ends_where_the_whole_run_ends(runs, tmp_path):
+def test_a_resumed_run_goes_on_with_new_labels_writes_no_key_and_ends_where_the_whole_run_ends(runs, tmp_path):
     cut = glasu(SECURE, checkpoint_every=1)
-    execute(merge(cut, {"train": {"rounds": 1}}), tmp_path / "cut")
+    first = execute(merge(cut, {"train": {"rounds": 1}}), tmp_path / "cut")
     job = Run(build_config(cut), tmp_path / "cut")
     assert job.resume() and job.protocol.sums == (BATCHES + 1) * LEVELS
     labels: list[int] = []
@@ -145,6 +146,8 @@ def test_a_resumed_run_goes_on_with_new_labels_and_ends_where_the_whole_run_ends
     job.result = job.execute(progress=False)
     assert min(labels) == (BATCHES + 1) * LEVELS + 1 and max(labels) == job.protocol.sums
     assert [r["train_loss"] for r in job.result.metrics] == [r["train_loss"] for r in runs["secure"].result.metrics]
+    keys = [party.secagg.identity.private for j in (first, job) for party in j.transport._parties.values()]
+    assert len(set(keys)) == 2 * N and files_holding(tmp_path / "cut", keys) == []  # no identity key written
 
 
 # ---- what the server holds of one client's H_m^+ --------------------------------------------------------

@@ -2,21 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from fedgl.config import build_config
 from fedgl.privacy import secure_aggregation as sa
 from fedgl.protocols.horizontal.plan import OwnerPlan
 from fedgl.runner import Run
 from support.configs import tiny
-
-
-def files_holding(folder: Path, secrets: list[bytes]) -> list[str]:
-    """The files of ``folder`` holding any of ``secrets``, raw or as torch.save's pickle (protocol 2)
-    writes a bytes value: its latin-1 text, UTF-8 encoded, where a byte above 127 takes two."""
-    forms = [form for secret in secrets for form in (secret, secret.decode("latin1").encode("utf-8"))]
-    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()
-                  and any(form in p.read_bytes() for form in forms))
+from support.stored import files_holding
 
 
 def checkpointed_swift(folder, monkeypatch) -> list[bytes]:
