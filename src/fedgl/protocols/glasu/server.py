@@ -258,7 +258,9 @@ class Glasu(Protocol):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.sums = state.get("sums", 0)  # checkpoints from before the secure sums had labels
+        # a retry reloads the checkpoint into this live server, whose clients keep the labels they used
+        # since (secrets are not rolled back): go on after both, never back
+        self.sums = max(self.sums, state.get("sums", 0))  # (no "sums": a checkpoint from before labels)
         self.lost = tuple(state.get("lost", ()))
         if self.accountant is not None:
             self.accountant.load_state(state["dp"])
