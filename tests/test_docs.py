@@ -106,9 +106,13 @@ def test_a_table_edited_by_hand_or_a_task_changed_since_its_run_is_caught(tmp_pa
     assert docs.table_drift(tmp_path) == []
     (folder / "table.md").write_text((source / "table.md").read_text().replace("±", "+-", 1))
     assert docs.table_drift(tmp_path) == ["glasu-table3/table.md differs from its task's rendering of results.json"]
+    (folder / "table.md").write_text((source / "table.md").read_text())
     runs = json.loads((source / "results.json").read_text())
+    (folder / "results.json").write_text(json.dumps([{**r, "test_accuracy": 0.5} for r in runs]))
+    assert docs.table_drift(tmp_path) == ["glasu-table3/table.md differs from its task's rendering of results.json",
+                                          "glasu-table3/table.json differs from its task's rows of results.json"]
     (folder / "results.json").write_text(json.dumps([{**r, "variant": "K=3"} for r in runs]))
-    assert docs.rendered(folder) == "variants K=3 are no longer in glasu-table3"
+    assert docs.table_drift(tmp_path) == ["glasu-table3: variants K=3 are no longer in glasu-table3"]
 
 
 def test_no_result_number_in_the_docs_lacks_its_source() -> None:
@@ -121,6 +125,7 @@ def test_an_unmarked_copy_of_a_result_is_caught() -> None:
     assert docs.unmarked_numbers("FedPNS reaches 94.52% on CS.\n") == ["line 1: 94.52 has no source marker"]
     assert docs.unmarked_numbers("x\nFedAAS: 95.3 %, 0.80 of the bytes\n") == [
         "line 2: 95.3 has no source marker", "line 2: 0.80 has no source marker"]
+    assert docs.unmarked_numbers("a gap of -3.72 points\n") == ["line 1: 3.72 has no source marker"]
     assert docs.unmarked_numbers("seeds at 93.94, 94.00 and 92.85\n") == [
         f"line 1: {n} has no source marker" for n in ("93.94", "94.00", "92.85")]
 

@@ -33,7 +33,7 @@ expression rounded to the digits the prose shows; a marker after no number is it
 ``tests/test_docs.py`` fails when a block and its file differ, a file is missing or a marked number
 no longer equals its expression, so no number can stay in the docs after the code stops
 reproducing it; when a result-like number carries no marker (``unmarked``); and when a committed
-``table.md`` is not what its task renders from its ``results.json`` (``table_drift``).
+``table.md`` or ``table.json`` is not what its task makes of its ``results.json`` (``table_drift``).
 """
 
 from __future__ import annotations
@@ -317,10 +317,10 @@ def stale(root: Path = ROOT) -> list[str]:
 # it name a setting or a version (ALLOWED_BEFORE), or it follows such a number in a list ("lr 0.01 and
 # 0.001"). docs/reproduction.md is generated from the results and checked whole (GENERATED).
 MASKED = re.compile(r"<!-- table: .*?<!-- /table -->|```.*?```|`[^`\n]*`|<!--.*?-->", re.S)
-RESULT_LIKE = re.compile(r"(?<![\w.\-/])(?P<number>\d[\d,]*\.(?P<digits>\d+))(?P<percent>\s?%)?(?![\d.]\d)")
+RESULT_LIKE = re.compile(r"(?<![\w./])(?<!\w-)(?P<number>\d[\d,]*\.(?P<digits>\d+))(?P<percent>\s?%)?(?![\d.]\d)")
 PAPER = "<!-- paper -->"
-ALLOWED_BEFORE = re.compile(r"(?:\b(?:Python|Ray|torch|flwr|lr|rate|Adam|decay|dropout|drop|defaults|above|at least|"
-                            r"norm about|ln \d+|log \d+)|σ|α|ε|δ|–,)\s*[(=]?\s*$")
+ALLOWED_BEFORE = re.compile(r"(?:\b(?:Python|Ray|flwr|lr|rate|Adam|defaults|cosine above|at least|norm about|"
+                            r"ln \d+|log \d+)|σ|–,)\s*[(=]?\s*$")  # versions, settings, thresholds, constants
 LIST_GAP = re.compile(r"\s*(?:,|and|or|-)\s*")
 GENERATED = ("reproduction.md",)
 
@@ -349,9 +349,10 @@ def unmarked(root: Path = ROOT) -> list[str]:
             for p in unmarked_numbers(doc.read_text())]
 
 
-def rendered(folder: Path) -> str | None:
-    """``table.md`` of a committed task folder as its task renders it today from ``results.json`` (None: a
-    script's table, or a folder without results or task)."""
+def regenerated(folder: Path) -> tuple[str, list[dict]] | str | None:
+    """``table.md`` and ``table.json``'s rows of a committed task folder as its task makes them today from
+    ``results.json``; a line saying why it cannot (a variant no longer in the task); None for a script's
+    table or a folder without results or task."""
     from . import all_tasks
     from .core import _row as row_of, render_markdown
 
@@ -367,16 +368,22 @@ def rendered(folder: Path) -> str | None:
     if any(label not in variants for label in labels):
         return f"variants {', '.join(sorted(set(labels) - set(variants)))} are no longer in {task.name}"
     rows = [row_of(task, variants[label], [r for r in runs if r["variant"] == label]) for label in labels]
-    return render_markdown(task, rows, table["seeds"])
+    return render_markdown(task, rows, table["seeds"]), json.loads(json.dumps(rows, default=float))
 
 
 def table_drift(root: Path = ROOT) -> list[str]:
-    """One line per committed ``table.md`` that differs from what its task renders from ``results.json``."""
+    """One line per committed ``table.md`` or ``table.json`` that differs from what its task makes of the
+    ``results.json`` beside it (a task definition changed since the run, or a table edited by hand)."""
     problems = []
     for folder in sorted((root / "benchmarks" / "results").iterdir()):
-        text = rendered(folder) if folder.is_dir() else None
-        if text is not None and text != (folder / "table.md").read_text():
-            problems.append(f"{folder.name}/table.md differs from its task's rendering of results.json")
+        made = regenerated(folder) if folder.is_dir() else None
+        if isinstance(made, str):
+            problems.append(f"{folder.name}: {made}")
+        elif made is not None:
+            if made[0] != (folder / "table.md").read_text():
+                problems.append(f"{folder.name}/table.md differs from its task's rendering of results.json")
+            if made[1] != json.loads((folder / "table.json").read_text())["rows"]:
+                problems.append(f"{folder.name}/table.json differs from its task's rows of results.json")
     return problems
 
 
