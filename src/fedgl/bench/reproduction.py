@@ -208,7 +208,7 @@ deviation over the seeds run. A task whose results are not committed yet shows "
 are and the page is generated again.
 
 **Verdict rule.** *{REPRODUCED}* when |fedgl − paper| ≤ max(2 × the seed standard deviation, tolerance); the
-tolerance is the task's own gate where it has one (FedAAS Table 1's V_k: ±1 node), else {POINTS:g} percentage
+tolerance is the task's own gate where it has one ({{gates}}), else {POINTS:g} percentage
 point for accuracies, F1, AUC and other percentages, and {RELATIVE:.0%} of the paper's number for every other
 column (ratios of the headline claims included). A single seed has no spread, so the tolerance alone decides.
 *differs* links the section of the docs that explains the difference; *{OFFLINE}* marks the paper's datasets
@@ -224,7 +224,9 @@ def render(root: Path = ROOT) -> str:
         sections += lines
         summary.append([paper.name, *(str(counts[k]) for k in (REPRODUCED, "differs", NOT_RUN, OFFLINE, NO_PAPER))])
     header = ["paper", REPRODUCED, "differs", NOT_RUN, OFFLINE, NO_PAPER]
-    lines = [INTRO, "", "Rows per verdict:", "", *markdown_table(header, summary), "", *sections]
+    gates = "; ".join(f"{task.name} {column}: ±{tol:g}" for task in report.tasks.values()
+                      for column, tol in task.tolerance.items())
+    lines = [INTRO.format(gates=gates), "", "Rows per verdict:", "", *markdown_table(header, summary), "", *sections]
     return "\n".join(lines).rstrip() + "\n"
 
 
