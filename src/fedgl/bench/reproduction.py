@@ -158,7 +158,7 @@ class Report:
         mean, std = entry["mean"] * scale, (entry["std"] or 0.0) * scale
         runs = f"{entry['runs']} of {entry['of']} runs" if entry["runs"] < entry["of"] else \
             f"{entry['runs']} seed{'s' if entry['runs'] > 1 else ''}"
-        spread = f" ± {_fmt(std, spec)}" if entry["runs"] > 1 else ""
+        spread = f" ± {_fmt(std, spec or (',.0f' if std >= 100 else '.2g'))}" if entry["runs"] > 1 else ""
         ours = f"{_fmt(mean, spec)}{spread} ({runs})"
         if paper is None:
             return [source, variant.label, column, "", ours, "", NO_PAPER]
