@@ -43,9 +43,9 @@ import json
 import operator
 import re
 import sys
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
-from typing import Callable
 
 from ..results import METRICS, SUMMARY
 from ..tables import markdown_table

@@ -213,7 +213,8 @@ point for accuracies, F1, AUC and other percentages, and {RELATIVE:.0%} of the p
 column (ratios of the headline claims included). A single seed has no spread, so the tolerance alone decides.
 *differs* links the section of the docs that explains the difference; *{OFFLINE}* marks the paper's datasets
 that are not available offline here ({', '.join(sorted(NOT_OFFLINE))}); *{NO_PAPER}* marks a figure's curves,
-which carry no printed number, and fedgl's rows beside them."""
+which carry no printed number, and fedgl's rows beside them. A headline claim's measures are differences or
+ratios of those cells, the paper's beside fedgl's."""
 
 
 def render(root: Path = ROOT) -> str:
@@ -226,7 +227,7 @@ def render(root: Path = ROOT) -> str:
     header = ["paper", REPRODUCED, "differs", NOT_RUN, OFFLINE, NO_PAPER]
     gates = "; ".join(f"{task.name} {column}: ±{tol:g}" for task in report.tasks.values()
                       for column, tol in task.tolerance.items())
-    lines = [INTRO.format(gates=gates), "", "Rows per verdict:", "", *markdown_table(header, summary), "", *sections]
+    lines = [INTRO.format(gates=gates), "", "Rows per verdict in the tables below (the headline claims aside):", "", *markdown_table(header, summary), "", *sections]
     return "\n".join(lines).rstrip() + "\n"
 
 
