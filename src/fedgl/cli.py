@@ -118,9 +118,10 @@ def _run(args: argparse.Namespace) -> int:
         f"test {s['test_accuracy']:.4f}, {human_bytes(s['bytes_total'])} sent, "
         f"simulated {s['sim_time_s']:.2f} s, wall {s['wall_time_s']:.2f} s"
     )
-    if s["target_val_accuracy"] is not None:
-        reached = f"round {s['round_at_target']}" if s["round_at_target"] else "not reached"
-        console().print(f"target val accuracy {s['target_val_accuracy']}: {reached}")
+    for split in ("val", "test"):
+        if s.get(f"target_{split}_accuracy") is not None:
+            reached = f"round {s['round_at_target']}" if s["round_at_target"] else "not reached"
+            console().print(f"target {split} accuracy {s[f'target_{split}_accuracy']}: {reached}")
     console().print(f"results: {result.out_dir}")
     return 0
 
