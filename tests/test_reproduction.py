@@ -77,3 +77,15 @@ def test_every_quote_is_the_papers_text() -> None:
         lines = (PAPERS_DIR / paper.text).read_text().splitlines()
         text = " ".join(re.sub(r"^\s*\d+\s+", "", line).strip() for line in lines)  # margin line numbers out
         assert paper.quote in re.sub(r"\s+", " ", text), paper.name
+
+
+def test_a_result_made_before_its_task_changed_is_stale(tmp_path: Path) -> None:
+    source = docs.ROOT / "benchmarks" / "results" / "glasu-table3"
+    folder = tmp_path / "benchmarks" / "results" / "glasu-table3"
+    folder.mkdir(parents=True)
+    for name in ("results.json", "table.json"):
+        (folder / name).write_text((source / name).read_text())
+    (folder / "table.md").write_text((source / "table.md").read_text().replace("lazy aggregation", "lazy", 1))
+    page = reproduction.render(tmp_path).splitlines()
+    rows = [line for line in page if "(../benchmarks/results/glasu-table3/" in line]
+    assert rows and all(line.endswith(f"| {reproduction.STALE} |") for line in rows)

@@ -375,8 +375,8 @@ def table_drift(root: Path = ROOT) -> list[str]:
     """One line per committed ``table.md`` or ``table.json`` that differs from what its task makes of the
     ``results.json`` beside it (a task definition changed since the run, or a table edited by hand)."""
     problems = []
-    for folder in sorted((root / "benchmarks" / "results").iterdir()):
-        made = regenerated(folder) if folder.is_dir() else None
+    for folder in sorted((root / "benchmarks" / "results").glob("*/")):
+        made = regenerated(folder)
         if isinstance(made, str):
             problems.append(f"{folder.name}: {made}")
         elif made is not None:

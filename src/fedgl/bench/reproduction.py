@@ -20,13 +20,14 @@ from typing import Any
 from ..tables import markdown_table
 from . import all_tasks
 from .core import BenchTask, Variant, display_scale
-from .docs import ROOT, evaluate, ref_value
+from .docs import ROOT, evaluate, ref_value, table_drift
 from .papers import NOT_OFFLINE, PAPERS, Item, Measure, Paper
 
 PAGE = Path("docs") / "reproduction.md"
 POINTS = 1.0  # tolerance in percentage points (accuracy, F1, AUC and other % columns)
 RELATIVE = 0.05  # tolerance as a share of the paper's number (every other column)
 REPRODUCED, NOT_RUN, NO_PAPER = "reproduced", "not run yet", "no paper number"
+STALE = "stale: the task changed since this run"
 OFFLINE = "cannot run here: dataset not offline"
 
 
@@ -93,6 +94,7 @@ class Report:
         self.root = root
         self.tasks = all_tasks()
         self.index = committed(root)
+        self.stale = {line.split("/")[0].split(":")[0] for line in table_drift(root)}  # folders, as docs names them
 
     def task(self, name: str) -> BenchTask:
         if name not in self.tasks:
@@ -160,6 +162,8 @@ class Report:
             f"{entry['runs']} seed{'s' if entry['runs'] > 1 else ''}"
         spread = f" ± {_fmt(std, spec or (',.0f' if std >= 100 else '.2g'))}" if entry["runs"] > 1 else ""
         ours = f"{_fmt(mean, spec)}{spread} ({runs})"
+        if folder in self.stale:
+            return [source, variant.label, column, shown, ours, "", STALE]
         if paper is None:
             return [source, variant.label, column, "", ours, "", NO_PAPER]
         diff = mean - paper
@@ -177,6 +181,7 @@ class Report:
         return [*cells, f"{ours - paper:+.2f}", verdict(ours - paper, 0.0, tol, why)]
 
 
+VERDICTS = (REPRODUCED, "differs", NOT_RUN, OFFLINE, NO_PAPER, STALE.split(":")[0])
 TASK_HEADER = ["fedgl result", "variant", "column", "paper", "fedgl (mean ± std over seeds)", "difference", "verdict"]
 MEASURE_HEADER = ["measure", "paper", "fedgl", "difference", "verdict"]
 
@@ -191,7 +196,7 @@ def paper_section(report: Report, paper: Paper) -> tuple[list[str], Counter]:
     for item in paper.items:
         rows = report.task_rows(item)
         extra = [report.measure_row(m, item.why) for m in item.measures]
-        counts.update(row[-1].split(" (")[0] for row in [*rows, *extra])
+        counts.update(next(k for k in VERDICTS if row[-1].startswith(k)) for row in [*rows, *extra])
         lines += [f"### {item.title}", "", *([item.note, ""] if item.note else [])]
         lines += [*markdown_table(TASK_HEADER, rows), ""] if rows else []
         lines += [*markdown_table(MEASURE_HEADER, extra), ""] if extra else []
@@ -213,8 +218,9 @@ point for accuracies, F1, AUC and other percentages, and {RELATIVE:.0%} of the p
 column (ratios of the headline claims included). A single seed has no spread, so the tolerance alone decides.
 *differs* links the section of the docs that explains the difference; *{OFFLINE}* marks the paper's datasets
 that are not available offline here ({', '.join(sorted(NOT_OFFLINE))}); *{NO_PAPER}* marks a figure's curves,
-which carry no printed number, and fedgl's rows beside them. A headline claim's measures are differences or
-ratios of those cells, the paper's beside fedgl's."""
+which carry no printed number, and fedgl's rows beside them; *{STALE}* marks a committed result whose task
+definition has changed since it ran (its `table.md` is no longer what the task renders; a re-run replaces it). A
+headline claim's measures are differences or ratios of those cells, the paper's beside fedgl's."""
 
 
 def render(root: Path = ROOT) -> str:
@@ -223,11 +229,12 @@ def render(root: Path = ROOT) -> str:
     for paper in PAPERS:
         lines, counts = paper_section(report, paper)
         sections += lines
-        summary.append([paper.name, *(str(counts[k]) for k in (REPRODUCED, "differs", NOT_RUN, OFFLINE, NO_PAPER))])
-    header = ["paper", REPRODUCED, "differs", NOT_RUN, OFFLINE, NO_PAPER]
+        summary.append([paper.name, *(str(counts[k]) for k in VERDICTS)])
+    header = ["paper", *VERDICTS]
     gates = "; ".join(f"{task.name} {column}: ±{tol:g}" for task in report.tasks.values()
                       for column, tol in task.tolerance.items())
-    lines = [INTRO.format(gates=gates), "", "Rows per verdict in the tables below (the headline claims aside):", "", *markdown_table(header, summary), "", *sections]
+    lines = [INTRO.format(gates=gates), "", "Rows per verdict in the tables below (the headline claims aside):", "",
+             *markdown_table(header, summary), "", *sections]
     return "\n".join(lines).rstrip() + "\n"
 
 
