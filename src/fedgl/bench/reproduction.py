@@ -186,9 +186,20 @@ TASK_HEADER = ["fedgl result", "variant", "column", "paper", "fedgl (mean ± std
 MEASURE_HEADER = ["measure", "paper", "fedgl", "difference", "verdict"]
 
 
+def explanation(paper: Paper, measure: Measure) -> str:
+    """The docs section a headline measure's difference is explained in: that of the table it reads."""
+    for item in paper.items:
+        if measure in item.measures:
+            return item.why
+        for name in item.tasks:
+            if f"[{name}|" in measure.fedgl:
+                return item.links.get(name, item.why)
+    return paper.doc
+
+
 def paper_section(report: Report, paper: Paper) -> tuple[list[str], Counter]:
     """A paper's section: its headline claim, then one table per paper table or figure."""
-    claims = [report.measure_row(m, paper.doc) for m in paper.measures]
+    claims = [report.measure_row(m, explanation(paper, m)) for m in paper.measures]
     lines = [f"## {paper.name}", "", f"Paper text: `{paper.text}`; fedgl's explanations: [{paper.doc}]({paper.doc}).",
              "", "### Headline claims", "", f"> {paper.quote}", "", *markdown_table(MEASURE_HEADER, claims), "",
              *([paper.note, ""] if paper.note else [])]
