@@ -28,7 +28,7 @@ RESUMABLE_CHANGES = ("train.rounds", "checkpoint_every", "threads", "device", "b
 # the set-up messages only, never what a run computes.)
 ADDED_KEYS = {"privacy.dp.replayable_noise": True, "protocol.regulariser": "raw",
               "eval.target_test_accuracy": None, "partition.drop_unit": "pair",
-              "privacy.secure_aggregation.collusion": 0, "privacy.secure_aggregation.identities": "pinned",
+              "privacy.secure_aggregation.collusion": 0, "privacy.secure_aggregation.identities": "relayed",
               "privacy.secure_aggregation.roster": None}
 
 
