@@ -9,10 +9,10 @@ import pytest
 import torch
 from scipy import stats
 
-from fedgl.comm import rpc
+from fedgl.comm import Transport, rpc
 from fedgl.config import build_config
 from fedgl.errors import ConfigError, PartyFailure, RunFailed
-from fedgl.privacy import bonawitz, shamir
+from fedgl.privacy import DPConfig, bonawitz, shamir
 from fedgl.protocols.glasu.client import GlasuClient
 from fedgl.runner import Run
 from support.configs import TINY, merge
@@ -92,6 +92,21 @@ def test_settings_secure_aggregation_cannot_protect_are_refused(tmp_path):
         Run(build_config(glasu(SECURE, partition={"num_clients": 2})), tmp_path / "two")
     with pytest.raises(ConfigError, match="threshold 2 for 4 clients"):
         Run(build_config(glasu({"secure_aggregation": {"threshold": 2}})), tmp_path / "half")
+
+
+def test_a_client_made_as_before_privacy_reached_glasu_clients_is_refused(tmp_path, monkeypatch):
+    """An older shard kept the privacy switches in the client's options: made from it, a client would
+    silently drop DP, so it is refused in one line."""
+    made: list[dict] = []
+    spawn = Transport.spawn
+    monkeypatch.setattr(Transport, "spawn", lambda self, cls, configs: made.extend(configs) or spawn(self, cls, configs))
+    Run(build_config(glasu(rounds=1)), tmp_path / "run")
+    old = {key: value for key, value in made[0].items() if key != "privacy"}
+    GlasuClient(**old)  # a plain client's shard still loads
+    old["opts"] = {**old["opts"], "dp": DPConfig(noise_multiplier=1.0, max_norm=1.0)}
+    with pytest.raises(ConfigError) as err:
+        GlasuClient(**old)
+    assert "client0: its shard holds privacy settings" in one_line(err) and "partition again" in one_line(err)
 
 
 # ---- clients lost in a sum ----------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from torch.nn import functional as F
 
 from ...comm import Party, rpc
 from ...config import ModelConfig, TrainConfig
+from ...errors import ConfigError
 from ...models.split_vertical import (
     BatchPlan,
     ClientNet,
@@ -70,6 +71,9 @@ class GlasuClient(SecureSumParty, Party):
         self._eval: ForwardPass | None = None
         self._memo: dict[Any, tuple] = {}  # full sampling: the last sets below and plan (see _below, _prepare)
         self.members = num_clients  # the clients the mean is over: fewer once the server has lost some
+        if privacy is None and (opts.get("dp") is not None or opts.get("secure_aggregation")):
+            raise ConfigError(f"{name}: its shard holds privacy settings where GLASU's clients no longer read them "
+                              f"(written by an older fedgl); partition again")
         privacy = privacy or PrivacyConfig()
         self.secagg = SecAggClient.create(index) if privacy.secure_aggregation and levels else None
         self.dp = privacy.dp
