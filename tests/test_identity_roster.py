@@ -30,6 +30,7 @@ from fedgl.protocols.aggregation import check_secure_round
 from fedgl.runner import Run
 
 from support.configs import tiny
+from support.stored import files_holding
 
 LABEL = 99  # a round index no run below uses
 
@@ -134,11 +135,6 @@ def test_a_swapped_identity_file_is_refused_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert "client 0's identity key is not the roster's key for client 0" in err
-
-
-def files_holding(folder: Path, secrets: list[bytes]) -> list[str]:
-    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()
-                  and any(secret in p.read_bytes() or secret.hex().encode() in p.read_bytes() for secret in secrets))
 
 
 def test_a_resumed_deployed_run_keeps_its_identities_relays_nothing_and_writes_no_key(tmp_path):
