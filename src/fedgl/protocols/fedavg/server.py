@@ -201,6 +201,6 @@ class FedAvg(Protocol):
         super().load_state_dict(state)
         self.model.load_state_dict(state["model"])
         self.alive = state["alive"].clone()
-        self.sums = state.get("sums", 0)  # a checkpoint from before secure sums had labels
+        self.sums = max(self.sums, state.get("sums", 0))  # a retry keeps labels used after the checkpoint
         if self.accountant is not None:
             self.accountant.load_state(state["dp"])

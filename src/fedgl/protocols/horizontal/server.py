@@ -462,6 +462,6 @@ class CrossClientProtocol(Protocol):
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.first_layer = dict(state["first_layer"])
-        self.sums = state.get("sums", 0)  # a checkpoint from before secure sums had labels
+        self.sums = max(self.sums, state.get("sums", 0))  # a retry keeps labels used after the checkpoint
         if self.accountant is not None:
             self.accountant.load_state(state["dp"])
