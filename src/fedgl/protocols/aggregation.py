@@ -38,16 +38,17 @@ from ..privacy.secure_aggregation import MIN_PARTICIPANTS, decode, ring_sum
 STEPS = ("advertise", "share", "input", "consent", "reveal")
 
 
-def check_secure_round(privacy: PrivacyConfig, count: int, who: str) -> None:
+def check_secure_round(privacy: PrivacyConfig, count: int, who: str, source: str = "partition.num_clients") -> None:
     """Refuse at setup a secure sum over ``count`` clients that could not run or would not protect:
     fewer than 3 clients, a threshold above the count, or one at most (count + collusion) / 2 or at
-    most the collusion (the server and its colluders could then unmask; the clients refuse it too)."""
+    most the collusion (the server and its colluders could then unmask; the clients refuse it too);
+    ``source``: the settings ``count`` comes from."""
     threshold, collusion = privacy.secure_threshold(count), privacy.secure_settings().collusion
     if count < MIN_PARTICIPANTS or threshold > count or not valid_threshold(threshold, count, collusion):
         raise ConfigError(f"{who}: privacy.secure_aggregation needs at least {MIN_PARTICIPANTS} clients per sum and "
                           f"a threshold above half of them plus the colluding clients, above the colluding clients "
                           f"and at most all, got threshold {threshold} for {count} clients with collusion "
-                          f"{collusion} (partition.num_clients x protocol.client_fraction)")
+                          f"{collusion} ({source})")
 
 
 def pinned(privacy: Any) -> bool:

@@ -69,7 +69,8 @@ class FedAvg(Protocol):
         dp = self.privacy.dp  # every round a client takes part in is a full release of its update
         self.accountant = DPAccountant(dp, torch.arange(self.num_clients), CLIENT_UPDATES) if dp is not None else None
         if self.privacy.secure_aggregation:
-            check_secure_round(self.privacy, self.sample_size(), "fedavg")
+            check_secure_round(self.privacy, self.sample_size(), "fedavg",
+                               "partition.num_clients x protocol.client_fraction")
         self.size = size = self.group_size()  # clients per party: client m is member m % size of party m // size
         if size == 1:
             self.clients = self.transport.spawn(FedAvgClient, clients)
