@@ -36,6 +36,9 @@ def glasu(clients: int, **extra) -> dict:
                               "protocol": {"name": "glasu", "K": 2, "batches": 1, "S": 8}}), extra)
 
 
+SIGMA, BOUND = 1e3, 1e-4  # noise of std SIGMA x BOUND dwarfs every clipped value (norm at most BOUND)
+
+
 def observed(cfg: dict, folder, rounds: int | None = None):
     """Run ``cfg`` whole (``rounds`` None, scoring included) or its first ``rounds`` rounds only, with
     an outsider on the wire."""
@@ -49,6 +52,14 @@ def observed(cfg: dict, folder, rounds: int | None = None):
             job.transport.set_round(r)
             job.protocol.train_round(r)
     return job, wire
+
+
+def twin_noise(cfg: dict, folder, read, rounds: int = 1) -> torch.Tensor:
+    """``read(wire)`` of a DP run of ``cfg`` less the same of a twin run with negligible noise (the same
+    training draws and clipping): the noise the DP run added to what ``read`` takes off the wire."""
+    noisy, quiet = (read(observed(merge(cfg, dp(s, BOUND)), folder / name, rounds)[1]).double()
+                    for name, s in (("noisy", SIGMA), ("quiet", 1e-9)))
+    return noisy - quiet
 
 
 # ---- another client: FedAvg --------------------------------------------------------------------------
@@ -81,17 +92,19 @@ def test_under_dp_the_average_a_fedavg_client_receives_is_of_noised_updates(tmp_
     """Round 2's model is the weighted average of round 1's noised uploads: against a twin run with
     negligible noise (the same training draws), it differs by the averaged noise, of std
     sigma C sqrt(sum w^2) / sum w per coordinate."""
-    sigma, bound = 1e3, 1e-4
-    runs = {name: observed(merge(FEDAVG, dp(s, bound)), tmp_path / name, rounds=2)[1]
-            for name, s in (("noisy", sigma), ("quiet", 1e-9))}
-    uploads = [m for m in messages(runs["noisy"], method="train") if m.sender != SERVER and m.round == 1]
-    given = {name: flat(messages(wire, receiver="client0", method="train")[1], "state")
-             for name, wire in runs.items()}
-    assert torch.allclose(given["noisy"], weighted_average(uploads), atol=1e-6)
-    w = torch.tensor([float(m.values[("num_train",)]) for m in uploads], dtype=torch.float64)
-    noise = given["noisy"] - given["quiet"]
-    assert noise.numel() > 1000 and abs(float(noise.mean())) < 0.1 * sigma * bound
-    assert float(noise.std()) == pytest.approx(sigma * bound * float(w.norm() / w.sum()), rel=0.1)
+    weights = []
+
+    def given(wire) -> torch.Tensor:
+        uploads = [m for m in messages(wire, method="train") if m.sender != SERVER and m.round == 1]
+        weights.append(torch.tensor([float(m.values[("num_train",)]) for m in uploads], dtype=torch.float64))
+        model = flat(messages(wire, receiver="client0", method="train")[1], "state")
+        assert torch.allclose(model, weighted_average(uploads), atol=1e-6)
+        return model
+
+    noise = twin_noise(FEDAVG, tmp_path, given, rounds=2)
+    w = weights[0]
+    assert noise.numel() > 1000 and abs(float(noise.mean())) < 0.1 * SIGMA * BOUND
+    assert float(noise.std()) == pytest.approx(SIGMA * BOUND * float(w.norm() / w.sum()), rel=0.1)
 
 
 # ---- another client: GLASU ---------------------------------------------------------------------------
@@ -130,16 +143,14 @@ def test_a_glasu_client_subtracts_its_share_and_holds_the_others_representations
 def test_under_dp_what_a_glasu_client_extracts_is_the_others_rows_plus_noise(tmp_path):
     """Two clients: 2 H - H_0^+ is client1's released rows; against a twin run with negligible noise
     it differs at the first level by noise of std sigma C."""
-    sigma, bound = 1e3, 1e-4
-    extracted = {}
-    for name, s in (("noisy", sigma), ("quiet", 1e-9)):
-        _, wire = observed(merge(glasu(2), dp(s, bound)), tmp_path / name, rounds=1)
+    def extracted(wire) -> torch.Tensor:
         own, h = glasu_views(wire, "client0")[0]
-        extracted[name] = 2 * h - own
-        assert torch.allclose(extracted[name], flat(messages(wire, sender="client1", method="forward")[0]),
-                              atol=1e-4 * sigma * bound)
-    noise = extracted["noisy"] - extracted["quiet"]
-    assert noise.numel() > 500 and float(noise.std()) == pytest.approx(sigma * bound, rel=0.1)
+        theirs = flat(messages(wire, sender="client1", method="forward")[0])
+        assert torch.allclose(2 * h - own, theirs, atol=1e-5)
+        return 2 * h - own
+
+    noise = twin_noise(glasu(2), tmp_path, extracted)
+    assert noise.numel() > 500 and float(noise.std()) == pytest.approx(SIGMA * BOUND, rel=0.1)
 
 
 # ---- another client: the Swift family ----------------------------------------------------------------
@@ -170,6 +181,13 @@ def swift_sums(cfg: dict, folder, kept: list) -> tuple[list, list]:
     return wire, list(kept)
 
 
+def first_layer_sums(kept: list) -> torch.Tensor:
+    """The input-layer sums the trainers took so far (each DP twin run clears ``kept`` first)."""
+    out = torch.cat([t for _, layer, t, _ in kept if layer == 1])
+    kept.clear()
+    return out
+
+
 def test_a_swift_trainer_receives_per_target_sums_of_at_least_min_aggregate_rows(tmp_path, trainer_sums):
     """A trainer gets one sum per target over every owner's sampled rows, each input-layer sum of at
     least ``min_aggregate`` (2) rows; under secure aggregation the wire carries them masked (int64)
@@ -192,13 +210,8 @@ def test_under_dp_a_swift_trainer_receives_noised_sums(tmp_path, trainer_sums):
     """Against a twin run with negligible noise, a trainer's first input-layer sums differ by the
     noise of the one to two remote owners summed into each target: std between sigma C and
     sigma C sqrt(2)."""
-    sigma, bound = 1e3, 1e-4
-    first = {}
-    for name, s in (("noisy", sigma), ("quiet", 1e-9)):
-        _, sums = swift_sums(merge(SWIFT, dp(s, bound)), tmp_path / name, trainer_sums)
-        first[name] = torch.cat([t for _, layer, t, _ in sums if layer == 1])
-    noise = first["noisy"] - first["quiet"]
-    assert noise.numel() > 200 and 0.9 * sigma * bound < float(noise.std()) < 1.1 * 2**0.5 * sigma * bound
+    noise = twin_noise(SWIFT, tmp_path, lambda wire: first_layer_sums(trainer_sums))
+    assert noise.numel() > 200 and 0.9 * SIGMA * BOUND < float(noise.std()) < 1.1 * 2**0.5 * SIGMA * BOUND
 
 
 # ---- another client: FedAAS ---------------------------------------------------------------------------
@@ -235,8 +248,8 @@ def test_a_fedaas_trainer_receives_merged_partials_and_each_picks_key(tmp_path):
     secure_partials = [m for m in messages(secure, method="serve") if m.sender != SERVER]
     assert len(plain_partials) == len(secure_partials)
     for a, b in zip(plain_partials[:3], secure_partials[:3]):  # the first sync: both runs alike so far
-        assert all(t.is_floating_point() or t.dtype == torch.long for t in b.tensors.values())
-        assert all(torch.equal(a.tensors[k], t) for k, t in b.tensors.items() if t.is_floating_point())
+        assert a.tensors.keys() == b.tensors.keys() and any(t.is_floating_point() for t in b.tensors.values())
+        assert all(torch.equal(a.tensors[k], t) for k, t in b.tensors.items())
 
 
 def test_a_fedaas_owner_learns_which_of_its_nodes_each_named_trainer_picked(tmp_path):
@@ -256,6 +269,24 @@ def test_a_fedaas_owner_learns_which_of_its_nodes_each_named_trainer_picked(tmp_
             assert m.tensors[("query", trainer)].is_floating_point()
 
 
+# ---- another client: nFedGNN -------------------------------------------------------------------------
+def test_a_nfedgnn_users_gradient_carries_its_neighbours_latents(tmp_path):
+    """The gradient a user receives is the cross-entropy's (a twin run with lam 0, the same latents)
+    plus the regulariser's, (2 lam / E) x the sum over every edge at the user of z_i - z_j: a function
+    of its neighbours' latents (E: the edge entries, self loops included)."""
+    wires = {lam: observed(tiny("nfedgnn", protocol={"lam": lam}, train={"rounds": 1}), tmp_path / str(lam), 1)
+             for lam in (15.0, 0.0)}
+    job, wire = wires[15.0]
+    z = messages(wire, sender="users", method="embed")[0].tensors[()]
+    assert torch.equal(z, messages(wires[0.0][1], sender="users", method="embed")[0].tensors[()])
+    term = [messages(w, receiver="users", method="update")[0].tensors[("grad",)] for _, w in wires.values()]
+    graph = job.protocol.graph
+    diff = z[graph.src] - z[graph.dst]
+    expected = torch.zeros_like(z).index_add_(0, graph.src, diff).index_add_(0, graph.dst, -diff)
+    assert torch.allclose(term[0] - term[1], expected * (2 * job.protocol.lam / graph.src.numel()), atol=1e-5)
+    assert float((term[0] - term[1]).abs().max()) > 1e-2
+
+
 # ---- another client: CNFGNN ---------------------------------------------------------------------------
 CNFGNN = {"dataset": {"options": {"num_nodes": 200}}, "train": {"rounds": 1, "lr": 0.01},
           "network": {"compute": "ignore"}, "protocol": {"name": "cnfgnn"}}
@@ -270,16 +301,14 @@ def test_every_cnfgnn_user_receives_the_average_of_all_uploads(tmp_path):
     broadcast = messages(wire, receiver="users", method="receive")[0].tensors[("model",)]
     assert broadcast.shape == upload.shape and bool((broadcast == broadcast[0]).all())
     assert torch.allclose(broadcast[0], upload.mean(0), atol=1e-6)
-    sigma, bound = 1e3, 1e-4
-    shared = {}
-    for name, s in (("noisy", sigma), ("quiet", 1e-9)):
-        _, wire = observed(merge(CNFGNN, dp(s, bound)), tmp_path / name, rounds=1)
+    def shared(wire) -> torch.Tensor:
         upload = messages(wire, sender="users", method="upload")[0].tensors[()]
-        shared[name] = messages(wire, receiver="users", method="receive")[0].tensors[("model",)][0]
-        assert torch.allclose(shared[name], upload.mean(0), atol=1e-5)
-    noise = (shared["noisy"] - shared["quiet"]).double()
-    users = upload.size(0)
-    assert float(noise.std()) == pytest.approx(sigma * bound / users**0.5, rel=0.1)
+        weight = messages(wire, receiver="users", method="receive")[0].tensors[("model",)][0]
+        assert torch.allclose(weight, upload.mean(0), atol=1e-5)
+        return weight
+
+    noise = twin_noise(CNFGNN, tmp_path, shared)
+    assert float(noise.std()) == pytest.approx(SIGMA * BOUND / upload.size(0)**0.5, rel=0.1)
 
 
 # ---- the outsider -------------------------------------------------------------------------------------
@@ -315,9 +344,8 @@ def test_under_secure_aggregation_an_outsider_reads_masked_uploads_and_the_aggre
     monkeypatch.setattr(bonawitz.secrets, "token_bytes", lambda n: next(draws).to_bytes(n, "big"))
     _, wire = observed(merge(WIRE[name], {**SECURE, "train": {"rounds": 1}}), tmp_path)
     up = [c.message for c in wire if c.message.sender != SERVER]
-    clear = {m.method: {m.sender for m in messages(wire, method=m.method, scoring=True)} for m in up}
     floats = {m.method for m in up for t in m.tensors.values() if t.is_floating_point()}
-    assert floats == CLEAR_UP[name], clear
+    assert floats == CLEAR_UP[name]
     down = {c.message.method for c in wire if c.message.sender == SERVER
             and any(t.is_floating_point() for t in c.message.tensors.values())}
     assert down == CLEAR_DOWN[name]
@@ -341,12 +369,8 @@ def test_under_dp_an_outsider_reads_each_release_plus_noise_of_the_configured_sc
     """Against a twin run with negligible noise (the same training draws, the same clipping), the
     first release on the wire differs by noise of mean 0 and std sigma C per coordinate: an outsider
     reads only noised values."""
-    sigma, bound = 1e3, 1e-4
     sender, method, path = RELEASED[name]
-    first = {}
-    for twin, s in (("noisy", sigma), ("quiet", 1e-9)):
-        _, wire = observed(merge(WIRE[name], dp(s, bound)), tmp_path / twin, rounds=1)
-        first[twin] = next(flat(m, *path) for m in messages(wire, sender=sender, method=method) if m.under(*path))
-    noise = first["noisy"] - first["quiet"]
-    assert noise.numel() > 500 and abs(float(noise.mean())) < 0.1 * sigma * bound
-    assert float(noise.std()) == pytest.approx(sigma * bound, rel=0.1)
+    noise = twin_noise(WIRE[name], tmp_path, lambda wire: next(
+        flat(m, *path) for m in messages(wire, sender=sender, method=method) if m.under(*path)))
+    assert noise.numel() > 500 and abs(float(noise.mean())) < 0.1 * SIGMA * BOUND
+    assert float(noise.std()) == pytest.approx(SIGMA * BOUND, rel=0.1)
