@@ -13,7 +13,7 @@ from scipy import stats
 from fedgl.comm.ledger import SERVER
 from fedgl.config import build_config
 from fedgl.privacy import bonawitz
-from fedgl.privacy.attacks import FixedPointCheck
+from fedgl.privacy.attacks import FixedPointCheck, least_squares_rows, recovered_rows
 from fedgl.protocols.horizontal.client import CrossClient
 from fedgl.protocols.horizontal.routing import OWN
 from fedgl.runner import Run
@@ -212,6 +212,47 @@ def test_under_dp_a_swift_trainer_receives_noised_sums(tmp_path, trainer_sums):
     sigma C sqrt(2)."""
     noise = twin_noise(SWIFT, tmp_path, lambda wire: first_layer_sums(trainer_sums))
     assert noise.numel() > 200 and 0.9 * SIGMA * BOUND < float(noise.std()) < 1.1 * 2**0.5 * SIGMA * BOUND
+
+
+def trainer_equations(wire, kept: list, trainer: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What ``trainer`` can write down from its own messages: (sum of each pick, node of each pick, the
+    sums), one sum per target whose every input-layer pick it sampled is inside (the count it received
+    equals its picks there); other sums read NaN. The sums as the trainer holds them (``kept``)."""
+    picks = messages(wire, sender=trainer, method="route")
+    counts = [m.tensors[("counts", OWN)] for m in messages(wire, receiver=trainer, method="propagate")
+              if m.values.get(("layer",)) == 2]
+    held = [t for name, layer, t, _ in kept if (name, layer) == (trainer, 1)]
+    pick_sum, pick_node, values, first = [], [], [], 0
+    for pick, count, rows in zip(picks, counts, held, strict=True):
+        targets, pos = torch.unique(pick.tensors[(OWN, "targets")], return_inverse=True)
+        whole = (count > 0) & (count == torch.bincount(pos, minlength=targets.numel()))
+        keep = whole[pos]
+        pick_sum.append(first + (torch.cumsum(count > 0, 0) - 1)[pos[keep]])
+        pick_node.append(pick.tensors[(OWN, "ids")][keep])
+        values.append(torch.where(whole[count > 0].unsqueeze(1), rows.double(), float("nan")))
+        first += rows.size(0)
+    return torch.cat(pick_sum), torch.cat(pick_node), torch.cat(values)
+
+
+@pytest.mark.parametrize("dropout, privacy", [(0.0, {}), (0.0, SECURE), (0.5, {})], ids=["plain", "secure", "dropout"])
+def test_a_swift_trainer_solves_its_sums_for_remote_rows_unless_dropout_masks_them(tmp_path, trainer_sums, dropout,
+                                                                                 privacy):
+    """Each trainer solves the input-layer sums of its own targets over six rounds by least squares
+    (the audit's attack): without dropout it recovers every remote raw row the system pins down, and
+    secure aggregation, whose masks the trainer removes, changes nothing; dropout 0.5, fresh in every
+    sum, leaves none."""
+    cfg = merge(merge(SWIFT, privacy), {"model": {"dropout": dropout}})
+    kept = trainer_sums
+    job, wire = observed(cfg, tmp_path, rounds=6)
+    x = job.evaluator.data.x
+    determined = recovered = 0
+    for trainer in job.protocol.clients:
+        nodes, estimate, pinned = least_squares_rows(*trainer_equations(wire, kept, trainer))
+        assert bool((job.protocol.router.owner[nodes] != job.protocol.clients.index(trainer)).all())
+        determined += int(pinned.sum())
+        recovered += int(recovered_rows(estimate, x[nodes]).sum())
+    assert determined > 20
+    assert recovered == (determined if dropout == 0 else 0)
 
 
 # ---- another client: FedAAS ---------------------------------------------------------------------------
