@@ -18,7 +18,7 @@ from fedgl.runner import Run
 from support.configs import TINY, merge
 from support.masks import top_bits
 from support.stored import files_holding
-from test_secure_aggregation import one_line
+from support.secure_sum import one_line
 
 SECURE = {"secure_aggregation": True}  # 4 clients: threshold 3
 N, HIDDEN, BATCHES, LEVELS = 4, 16, 4, 2

@@ -21,7 +21,7 @@ from fedgl.protocols.fedavg.group import flat_state
 from fedgl.runner import Run
 from support.keys import fixed_pair
 from support.masks import top_bits
-from test_secure_aggregation import Toy
+from support.secure_sum import Toy
 
 
 @pytest.fixture

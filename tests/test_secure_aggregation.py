@@ -12,32 +12,17 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from fedgl.comm import LocalTransport, Party, rpc
+from fedgl.comm import LocalTransport
 from fedgl.config import build_config
-from fedgl.errors import ConfigError, PartyFailure, RunFailed
+from fedgl.errors import ConfigError, RunFailed
 from fedgl.privacy import bonawitz, identity, masks, secure_aggregation as sa, shamir
 from fedgl.privacy.bonawitz import SecAggClient
 from fedgl.protocols import aggregation
-from fedgl.protocols.aggregation import SecureSumParty, secure_sum, trust_identities
+from fedgl.protocols.aggregation import secure_sum, trust_identities
 from fedgl.runner import Run
+from support.secure_sum import Toy, one_line
 
 N, D = 10, 64
-
-
-class Toy(SecureSumParty, Party):
-    """A client holding one private fixed-point vector."""
-
-    def __init__(self, name: str, seed: int, index: int, value: torch.Tensor, fail_at: str = ""):
-        super().__init__(name, seed)
-        self.secagg = SecAggClient.create(index)
-        self.secure_value = value
-        self.fail_at = fail_at
-
-    @rpc(label="control", ids="control", keys="control", threshold="control", returns="control")
-    def secagg_share(self, label, ids, keys, threshold):
-        if self.fail_at == "share":  # its process dies during this step
-            raise PartyFailure([self.name])
-        return super().secagg_share(label, ids, keys, threshold)
 
 
 def federation(n: int = N, extra: dict[int, dict] | None = None):
@@ -48,12 +33,6 @@ def federation(n: int = N, extra: dict[int, dict] | None = None):
                                   for i in range(n)])
     trust_identities(transport, names)
     return transport, names, values, encoded
-
-
-def one_line(err) -> str:
-    text = str(err.value)
-    assert "\n" not in text
-    return text
 
 
 # ---- masks a server cannot predict ----------------------------------------------------------------
