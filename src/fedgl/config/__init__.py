@@ -52,6 +52,8 @@ class PartitionConfig(Section):
     alpha: float = Field(0.5, gt=0, description="Dirichlet label-skew concentration")
     edge_drop: float = Field(0.0, ge=0, lt=1, description="horizontal: drop ratio of intra-client edges")
     cross_edge_drop: float = Field(0.0, ge=0, lt=1, description="horizontal: drop ratio of cross-client edges")
+    drop_unit: Literal["pair", "entry"] = Field("pair", description=(
+        "horizontal: what one drop draw decides: a node pair, or each direction (a pair stays while either does)"))
     client_nodes: Literal["all", "train", "train+val"] = Field("all", description=(
         "horizontal: which nodes clients own; the others (held out) are owned by no client"))
     edge_keep: float = Field(0.8, gt=0, le=1, description="vertical: share of edges each client keeps")
