@@ -5,8 +5,10 @@ ledger line and the summary (timings aside), so one flipped bit in a loss, an ac
 changes it. The expected fingerprints (and the last training loss, to read) were produced by the code
 before the fast paths (main at ede103e; the two sparse FedGNN-G cases at 785c012, which has the same
 code there; torch 2.13 CPU, one thread) with ``python tests/test_perf_equivalence.py``, which prints them;
-they pin float results of this platform's kernels. Adding an owner's sparse rows in another order fails
-the sparse GraphSAGE case.
+they pin float results of this platform's kernels, so on another torch or another CPU kernel set the
+pinned cases skip, saying so. The sparse FedGNN-G cases are also run against the dense route (the rows
+made dense before they are summed) in the same process, which holds on any platform. Adding an owner's
+sparse rows in another order fails the sparse GraphSAGE case.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch
 
 from fedgl.config import build_config
 from fedgl.data import load_dataset
-from fedgl.protocols.horizontal import shared
+from fedgl.protocols.horizontal import client as horizontal_client, partial_sums, shared
 from fedgl.runner import run
 
 SYNTHETIC = {"name": "synthetic", "options": {"num_nodes": 300, "num_features": 64, "avg_degree": 6}}
@@ -58,6 +60,7 @@ CASES = {
                              dataset={"name": "cora"}, clients=5, rounds=2), None, True),
 }
 
+PINNED_ON = ("2.13.0+cpu", "AVX512")  # torch and its CPU kernel set where EXPECTED was produced
 EXPECTED: dict[str, tuple[str, float]] = {
     'cnfgnn-cora': ('a4e2087cccc6cb4c3dbb6f042e1f0df978bb4f63afadaed67ee409defed64077', 1.9442354440689087),
     'cnfgnn-synthetic': ('d0b5052e3e534b5d09b6b9543dbab03f6dd5ac97e660014143158883dd1ab0cf', 1.5128514766693115),
@@ -104,10 +107,22 @@ def run_case(name: str, folder, monkeypatch=None) -> tuple[str, float]:
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if CASES[n][2] else n for n in sorted(CASES)])
 def test_run_is_the_run_before_the_fast_paths(name, tmp_path, monkeypatch, request):
+    here = (torch.__version__, torch.backends.cpu.get_cpu_capability())
+    if here != PINNED_ON:
+        pytest.skip(f"fingerprints pinned on torch {PINNED_ON[0]} with {PINNED_ON[1]} kernels; here {here}")
     if CASES[name][2]:
         request.getfixturevalue("data_root")
     digest, loss = run_case(name, tmp_path, monkeypatch)
     assert (digest, loss) == EXPECTED[name]
+
+
+@pytest.mark.parametrize("name", ["fedgnn-g-sage-sparse", "fedgnn-g-gcn-sparse-backprop"])
+def test_sparse_partial_sums_equal_the_dense_route_to_the_bit(name, tmp_path, monkeypatch):
+    """Owners summing sparse rows entry by entry give the run whose owners make the rows dense first."""
+    fast = run_case(name, tmp_path / "sparse", monkeypatch)
+    monkeypatch.setattr(horizontal_client, "picked_rows",
+                        lambda h, src, scale, dense: partial_sums.picked_rows(h, src, scale, dense=True))
+    assert run_case(name, tmp_path / "dense", monkeypatch) == fast
 
 
 if __name__ == "__main__":  # prints the expected fingerprints of this code
