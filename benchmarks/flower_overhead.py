@@ -13,6 +13,7 @@ before HTTP and TLS framing). Writes ``benchmarks/results/flower-overhead/table.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 import tempfile
@@ -93,6 +94,7 @@ def cell(value: float | None) -> dict:
 
 def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="fedgl-flower-bench-"))
+    load = os.getloadavg()[0]  # the machine's load as the runs start: the three rows share it
     payload, framed = message_bytes(root / "bytes")  # also warms up what a first run loads
     local = run(build_config(SETTINGS), root / "local").summary
     ray = run(build_config({**SETTINGS, "backend": {"name": "ray"}}), root / "ray").summary
@@ -110,8 +112,10 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     description = ("FedAvg, 3 clients (one party each), 150-node synthetic graph, 3 rounds: wall time per round "
                    "and bytes per run (payload: fedgl's ledger, evaluation included; Flower objects: what "
-                   f"carries it, before HTTP/TLS). Measured on {platform.node() or 'one machine'}, "
-                   f"{time.strftime('%Y-%m-%d')}.")
+                   f"carries it, before HTTP/TLS). Measured on {platform.node() or 'one machine'} "
+                   f"({os.cpu_count()} cores, load average {load:.1f} as the runs started, "
+                   f"{os.getloadavg()[0]:.1f} as they ended), {time.strftime('%Y-%m-%d')}, one after another "
+                   "in one invocation: compare the rows as ratios.")
     (out / "table.json").write_text(json.dumps({"task": TASK, "description": description, "source": None,
                                                 "seeds": [0], "quick": False, "rows": rows}, indent=1))
     lines = [f"# {TASK}", "", description, "", "| variant | ms_per_round | x_in_process | payload_bytes | "

@@ -24,6 +24,9 @@ Groups:
   (GLASU with one client: the split model's L layers and classifier head), timed alternately;
 * ``fedgnn-g-physics``: FedGNN-G at batch 256 with 20 random clients on Coauthor Physics, peak memory
   (skipped by ``--quick``);
+* ``cnfgnn-cs``, ``fedaas-cs``: one CNFGNN round (every node of Coauthor CS a user) and one FedAAS round
+  (examples/fedaas-cs.yaml), in seconds and over the plain PyG steps of the same model timed alternately,
+  with the bytes of a round each way;
 * ``startup``: ``python -X importtime`` of ``fedgl.cli`` and ``fedgl.runner``, ``fedgl --version``;
 * ``bench-jobs``: a 2-variant × 3-seed bench task on a synthetic graph, one run after another and then
   with ``--jobs 2``: the ratio of their wall times and whether their tables are the same (CPU pass only).
@@ -314,6 +317,75 @@ def fedgnn_g_physics(quick: bool, place: Place = CPU) -> list[Measure]:
 MEMORY_CAP_GIB = 12
 
 
+# ---- CNFGNN and FedAAS on Coauthor CS ------------------------------------------------------------------
+def round_bytes(run: FedglRun) -> tuple[int, int]:
+    """Bytes of the run's last round up to the server and down from it."""
+    rows = [r for r in run.job.transport.ledger.rows() if r["round"] == run.round and r["kind"] != "eval"]
+    return tuple(sum(r["bytes"] for r in rows if r["direction"] == way) for way in ("up", "down"))
+
+
+def beside_reference(group: str, place: Place, cfg: dict, data, reference: Callable[[], Callable[[], None]],
+                     calls: int, what: str, target: str | None = None) -> list[Measure]:
+    """A run's seconds per round, and over the plain PyG step doing its gradient work (timed alternately),
+    with the bytes of its last round each way."""
+    name = f"{cfg['protocol']['name']}: one round, Coauthor CS"
+    try:
+        run = FedglRun(cfg, data)
+        try:
+            with devices.working_on(place.device):
+                step = reference()
+            fed, ref = paired_seconds(run.step, place.finished(step), calls)
+            up, down = round_bytes(run)
+        finally:
+            run.close()
+    except Exception as err:
+        return [failed(group, name, "s", None, err)]
+    note = (f"{fed:.2f} s per round against {ref * 1e3:.0f} ms of plain PyG; {up / 2**30:.2f} GiB up and "
+            f"{down / 2**30:.2f} GiB down per round (ledger); {what}")
+    return [Measure(group, name, fed, "s", None, note),
+            Measure(group, f"{name}, over plain PyG", fed / ref, "x", target, note)]
+
+
+def cnfgnn_cs(quick: bool, place: Place = CPU) -> list[Measure]:
+    """CNFGNN (the nFedGNN bench's GCN 16, Adam) on Coauthor CS, every node a user: every round each user
+    uploads its whole first-layer weight and adopts the broadcast average, beside one full-graph step of
+    the same GCN in plain PyG."""
+    data = load("cs")
+    cfg = place.config({"name": "cnfgnn", "lam": 0}, "cs", {"name": "gcn", "hidden": 16, "layers": 2, "dropout": 0.5},
+                       lr=0.1, weight_decay=5e-4, optimizer="adam")
+    g = references.Graph.on(data, place.device)
+    return beside_reference(
+        "cnfgnn-cs", place, cfg, data,
+        lambda: references.laplacian_gcn_step(g.x, g.dev.edge_index, g.dev.y, g.dev.train_mask, 16, g.classes, 0.0),
+        1 if quick else 3, "GCN 16, every node a user; the reference: the same GCN, one full-graph step")
+
+
+def fedaas_cs(quick: bool, place: Place = CPU) -> list[Measure]:
+    """FedAAS as examples/fedaas-cs.yaml runs it (50 stratified clients holding training nodes, 99% of
+    in-client edges dropped, attention 256/128 with root weights, 10 batches, fan-outs 10/10), beside
+    the same model's mini-batch steps in plain PyG over the same clients' training nodes (neighbours
+    sampled in the whole graph, features as sparse rows: dense, the reference's step takes three times as
+    long)."""
+    import yaml
+
+    from fedgl.config import build_config
+    from fedgl.data import load_data
+    from fedgl.partition import horizontal_from_config
+
+    cfg = yaml.safe_load((ROOT / "examples" / "fedaas-cs.yaml").read_text())
+    cfg = cfg | {"network": {"compute": "ignore"}, "device": place.name, "eval": {"every": 10**6}}
+    built = build_config(cfg)
+    data = load_data(built)  # with the example's split
+    g = references.Graph.on(data, place.device)
+
+    def reference() -> Callable[[], None]:
+        owner = horizontal_from_config(data, built.partition, built.seed).owner  # the run's own clients
+        return references.attention(g, references.HorizontalSplit.of_owner(g, owner), cfg["protocol"]["batches"],
+                                     sparse=True)
+    return beside_reference("fedaas-cs", place, cfg, data, reference, 1 if quick else 2,
+                            "attention 256/128 + root weight, 50 clients x 10 batches, fan-outs 10/10", "<= 1")
+
+
 # ---- start-up -----------------------------------------------------------------------------------------
 HEAVY = {"matplotlib", "ray", "sklearn", "rich", "torch", "torch_geometric", "pandas", "networkx", "scipy"}
 
@@ -364,7 +436,8 @@ def bench_jobs(quick: bool, place: Place = CPU) -> list[Measure]:
 
 GROUPS: dict[str, Callable[[bool, Place], list[Measure]]] = {"startup": startup, "overhead": overhead, "peers": peers,
                                                       "scale": scale, "synthetic": synthetic, "glasu-cs": glasu_cs,
-                                                      "fedgnn-g-physics": fedgnn_g_physics, "bench-jobs": bench_jobs}
+                                                      "fedgnn-g-physics": fedgnn_g_physics, "cnfgnn-cs": cnfgnn_cs,
+                                                      "fedaas-cs": fedaas_cs, "bench-jobs": bench_jobs}
 
 
 # ---- the suite ----------------------------------------------------------------------------------------

@@ -33,6 +33,15 @@ def pyg_features(x):
     return x.to_sparse_csr() if (x != 0).float().mean() <= 0.25 else x
 
 
+def first_rows(x, k: int):
+    """``x[:k]``, also of sparse CSR rows (which cannot be sliced)."""
+    if x.layout == torch.strided:
+        return x[:k]
+    crow = x.crow_indices()
+    end = int(crow[k])
+    return torch.sparse_csr_tensor(crow[: k + 1], x.col_indices()[:end], x.values()[:end], (k, x.size(1)))
+
+
 def pyg_stack(kind: str, dims: list[int], heads: int = 8, head: int | None = None):
     """A plain PyG model: one conv per consecutive pair of ``dims``, dropout before each, ReLU between;
     with ``head`` classes a linear classifier after the last conv (ReLU'd too)."""
@@ -64,9 +73,9 @@ def pyg_stack(kind: str, dims: list[int], heads: int = 8, head: int | None = Non
                 x = fast_dropout(x, self.training)
                 if isinstance(edges, list):
                     edge_index, size = edges[i]
-                    out = layer((x, x[: size[1]]), edge_index, size=size)
+                    out = layer((x, first_rows(x, size[1])), edge_index, size=size)
                     if self.roots is not None:
-                        out = out + self.roots[i](x[: size[1]])
+                        out = out + self.roots[i](first_rows(x, size[1]))
                 else:
                     out = layer(x, edges)
                 x = out.relu() if i < len(self.convs) - 1 or self.head is not None else out
@@ -144,12 +153,18 @@ class MiniBatchReference:
     samples their neighbourhood in the graph it trains on and takes one Adam step per call."""
 
     def __init__(self, data, kind: str, dims: list[int], clients: list, batch: int, fanouts: list[int],
-                 graphs: list | None = None, head: int | None = None):
+                 graphs: list | None = None, head: int | None = None, sparse: bool = False):
         self.data, self.clients, self.batch, self.fanouts = data, clients, batch, fanouts
         self.graphs = graphs or [csr_of(data.edge_index, data.num_nodes)] * len(clients)
         self.model = pyg_stack(kind, dims, head=head)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.01)
         self.generator = devices.generator(data.x.device).manual_seed(0)  # where the data is
+        x = pyg_features(data.x) if sparse else data.x
+        self.coo = x.to_sparse_coo() if x.layout == torch.sparse_csr else None
+
+    def rows(self, nodes):
+        """The features of ``nodes``; with ``sparse``, sparse rows for sparse features (as fedgl's are)."""
+        return self.data.x[nodes] if self.coo is None else self.coo.index_select(0, nodes).to_sparse_csr()
 
     def step(self, client: int) -> None:
         import torch.nn.functional as F
@@ -160,7 +175,7 @@ class MiniBatchReference:
         nodes, blocks = sample_blocks(rowptr, col, batch, self.fanouts, self.generator)
         self.model.train()
         self.optimizer.zero_grad()
-        out = self.model(self.data.x[nodes], blocks)
+        out = self.model(self.rows(nodes), blocks)
         F.cross_entropy(out, self.data.y[batch]).backward()
         self.optimizer.step()
 
@@ -247,9 +262,13 @@ class HorizontalSplit:
     def of(cls, g: Graph, clients: int = 10) -> HorizontalSplit:
         from fedgl.partition import partition_horizontal
 
+        return cls.of_owner(g, partition_horizontal(g.data, clients, "metis", seed=0).owner)  # the runs' own
+
+    @classmethod
+    def of_owner(cls, g: Graph, owner) -> HorizontalSplit:
+        """The split of a run's partition, ``owner``: every node's client (any other value: no client's)."""
         data, device = g.data, g.dev.x.device
-        owner = partition_horizontal(data, clients, "metis", seed=0).owner  # the runs' own partition
-        train = [((owner == k) & data.train_mask).nonzero().flatten() for k in range(clients)]
+        train = [((owner == k) & data.train_mask).nonzero().flatten() for k in range(int(owner.max()) + 1)]
         intra = data.edge_index[:, owner[data.edge_index[0]] == owner[data.edge_index[1]]]
         return cls(devices.move(train, device), devices.move(csr_of(intra, data.num_nodes), device),
                    devices.move(csr_of(data.edge_index, data.num_nodes), device))
@@ -264,12 +283,13 @@ def sampled(g: Graph, split: HorizontalSplit, cross: int) -> Callable[[], None]:
     return lambda: [ref.step(k) for k in range(clients)]
 
 
-def attention(g: Graph, split: HorizontalSplit, batches: int = 10) -> Callable[[], None]:
+def attention(g: Graph, split: HorizontalSplit, batches: int = 10, sparse: bool = False) -> Callable[[], None]:
     """FedAAS's work: two attention layers (256, 128) with root weights and a linear head, ``batches``
-    mini-batches per client over its training nodes, fan-outs 10/10 in the whole graph."""
+    mini-batches per client over its training nodes, fan-outs 10/10 in the whole graph (``sparse``:
+    bag-of-words features as sparse rows)."""
     clients = len(split.train)
     ref = MiniBatchReference(g.dev, "attention", [g.data.num_features, 256, 128], split.train, 0, [10, 10],
-                             [split.whole] * clients, head=g.classes)
+                             [split.whole] * clients, head=g.classes, sparse=sparse)
     sizes = [max(1, -(-t.numel() // batches)) for t in split.train]
 
     def step() -> None:

@@ -522,3 +522,23 @@ def test_a_model_too_large_to_allocate_is_one_line(capsys, tmp_path):
     assert main(["partition", "--set", "protocol.name=nfedgnn", "--set", "model.hidden=1000000000000",
                  "--out", str(out)]) == 1
     assert capsys.readouterr().err.startswith("fedgl: partition failed: out of memory")
+
+
+def test_a_target_on_test_accuracy_stops_the_run_at_the_first_round_reaching_it(capsys, tmp_path):
+    """eval.target_test_accuracy (GLASU's Table 4 states its target so): the run stops at the first
+    evaluated round whose test accuracy reaches it, and the summary names that round; setting both
+    targets is refused in one line."""
+    full = tmp_path / "full"
+    assert main(["run", *TINY, "--rounds", "8", "--out", str(full)]) == 0
+    rows = [json.loads(line) for line in (full / "metrics.jsonl").read_text().splitlines()]
+    target = sorted(r["test_accuracy"] for r in rows)[len(rows) // 2]  # reached, but not at round 1 alone
+    first = next(r["round"] for r in rows if r["test_accuracy"] >= target)
+    stopped = tmp_path / "stopped"
+    assert main(["run", *TINY, "--rounds", "8", "--out", str(stopped), "--set", f"eval.target_test_accuracy={target}",
+                 "--set", "eval.stop_at_target=true"]) == 0
+    summary = json.loads((stopped / "summary.json").read_text())
+    assert summary["rounds"] == summary["round_at_target"] == first
+    assert summary["target_test_accuracy"] == target and summary["target_val_accuracy"] is None
+    capsys.readouterr()
+    fails_with(capsys, ["run", *TINY, "--out", str(tmp_path / "both"), "--set", "eval.target_test_accuracy=0.5",
+                        "--set", "eval.target_val_accuracy=0.5"], "not both")

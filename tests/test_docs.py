@@ -91,3 +91,83 @@ def test_a_number_may_come_from_the_performance_suite(tmp_path: Path) -> None:
     assert docs.stale(tmp_path) == []
     doc.write_text("a round takes 40<!-- = [perf|round|value] --> ms\n")
     assert docs.stale(tmp_path) == ["README.md: line 1: 40 is not [perf|round|value] = 43.45"]
+
+
+# Committed results whose task has changed since they ran, and why; the re-run that lands takes its entry out.
+PENDING_RERUN = {"glasu-table4": "its target became 82% test accuracy (eval.target_test_accuracy) after the run"}
+
+
+def test_every_committed_table_is_what_its_task_renders_from_its_results() -> None:
+    drifting = {line.split("/")[0].split(":")[0] for line in docs.table_drift()}
+    assert drifting == set(PENDING_RERUN), docs.table_drift()
+
+
+def test_a_table_edited_by_hand_or_a_task_changed_since_its_run_is_caught(tmp_path: Path) -> None:
+    source = docs.ROOT / "benchmarks" / "results" / "glasu-table3"
+    folder = tmp_path / "benchmarks" / "results" / "glasu-table3"
+    folder.mkdir(parents=True)
+    for name in ("results.json", "table.json", "table.md"):
+        (folder / name).write_text((source / name).read_text())
+    assert docs.table_drift(tmp_path) == []
+    (folder / "table.md").write_text((source / "table.md").read_text().replace("±", "+-", 1))
+    assert docs.table_drift(tmp_path) == ["glasu-table3/table.md differs from its task's rendering of results.json"]
+    (folder / "table.md").write_text((source / "table.md").read_text())
+    runs = json.loads((source / "results.json").read_text())
+    (folder / "results.json").write_text(json.dumps([{**r, "test_accuracy": 0.5} for r in runs]))
+    assert docs.table_drift(tmp_path) == ["glasu-table3/table.md differs from its task's rendering of results.json",
+                                          "glasu-table3/table.json differs from its task's rows of results.json"]
+    (folder / "results.json").write_text(json.dumps([{**r, "variant": "K=3"} for r in runs]))
+    assert docs.table_drift(tmp_path) == ["glasu-table3: variants K=3 are no longer in glasu-table3"]
+
+
+def test_no_result_number_in_the_docs_lacks_its_source() -> None:
+    assert docs.unmarked() == []
+
+
+def test_an_unmarked_copy_of_a_result_is_caught() -> None:
+    marked = "FedPNS reaches 94.52<!-- = [fedaas-baselines-cs|FedPNS iid|final_test_accuracy] -->% on CS.\n"
+    assert docs.unmarked_numbers(marked) == []
+    assert docs.unmarked_numbers("FedPNS reaches 94.52% on CS.\n") == ["line 1: 94.52 has no source marker"]
+    assert docs.unmarked_numbers("x\nFedAAS: 95.3 %, 0.80 of the bytes\n") == [
+        "line 2: 95.3 has no source marker", "line 2: 0.80 has no source marker"]
+    assert docs.unmarked_numbers("a gap of -3.72 points\n") == ["line 1: 3.72 has no source marker"]
+    assert docs.unmarked_numbers("seeds at 93.94, 94.00 and 92.85\n") == [
+        f"line 1: {n} has no source marker" for n in ("93.94", "94.00", "92.85")]
+
+
+def test_settings_versions_quoted_paper_numbers_tables_and_code_are_not_results() -> None:
+    text = ("Python 3.11, Ray 2.52, flwr (1.42 or later); Adam 0.01, `lr` (0.001), lr 0.01 and 0.001, σ = 0.01,\n"
+            "the paper's 94.88<!-- paper -->% and 5.12<!-- paper -->; `fedgl run --set train.lr=0.005`\n"
+            "<!-- table: benchmarks/results/t/table.md -->\n| a | 81.23 |\n<!-- /table -->\n"
+            "```\nacc 77.51\n```\n<!-- 12.34 in a comment -->\n62.8 and 1.5 are short, 3 % an integer\n")
+    assert docs.unmarked_numbers(text) == []
+    assert docs.unmarked_numbers("lr 0.01 reaches 81.23\n") == ["line 1: 81.23 has no source marker"]
+
+
+def test_a_paper_marker_needs_its_number() -> None:
+    assert docs.stale_values("the paper's 94.88<!-- paper -->%\n") == []
+    assert docs.stale_values("the paper's <!-- paper -->\n") == ["line 1: a paper marker right after no number"]
+
+
+def test_a_number_may_come_from_one_seed_a_single_run_or_a_task_s_extra_table(tmp_path: Path) -> None:
+    results = tmp_path / "benchmarks" / "results"
+    (results / "t").mkdir(parents=True)
+    rows = [{"variant": "a", "test_accuracy": {"mean": 0.8, "std": 0.01, "paper": None}}]
+    (results / "t" / "table.json").write_text(json.dumps({"task": "t", "rows": rows}))
+    (results / "t" / "results.json").write_text(json.dumps(
+        [{"variant": "a", "seed": s, "test_accuracy": v} for s, v in ((0, 0.7912), (1, 0.8088))]))
+    (results / "t" / "savings.md").write_text("| variant | baseline | seeds | saving |\n|---|---|---|---|\n"
+                                              "| A | B | 3 | 86.02 |\n| A code | B | 3 | 89.43 |\n")
+    (results / "run").mkdir()
+    (results / "run" / "summary.json").write_text(json.dumps({"final_test_accuracy": 0.9142, "rounds": 50}))
+    (results / "run" / "metrics.jsonl").write_text('{"round": 50, "train_loss": 0.0605, "tau": NaN}\n')
+    doc = tmp_path / "README.md"
+    doc.write_text("79.12<!-- = [t|a|test_accuracy seed 0] --> and 80.88<!-- = [t|a|test_accuracy seed 1] -->; "
+                   "86.02<!-- = [t/savings.md|A / B|saving] -->, 89.43<!-- = [t/savings.md|A code / B|saving] -->; "
+                   "91.42<!-- = [run|summary|final_test_accuracy] --> with loss "
+                   "0.06<!-- = [run|round 50|train_loss] -->\n")
+    assert docs.stale(tmp_path) == []
+    doc.write_text("1<!-- = [t|a|test_accuracy seed 2] --> 2<!-- = [u/savings.md|A / B|saving] -->\n")
+    assert docs.stale(tmp_path) == [
+        "README.md: line 1: 1: t has no run of 'a' with seed 2 and a 'test_accuracy'",
+        "README.md: line 1: 2: benchmarks/results/u/savings.md is not committed"]

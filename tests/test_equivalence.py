@@ -76,9 +76,11 @@ def test_deployed_equals_in_process(name, in_process, tmp_path, monkeypatch):
     local, settings = in_process(name)
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(settings))
     assert main(["partition", str(tmp_path / "run.yaml"), "--out", str(tmp_path / "shards")]) == 0
-    parties = [p["name"] for p in json.loads((tmp_path / "shards" / MANIFEST).read_text())["parties"]]
+    manifest = json.loads((tmp_path / "shards" / MANIFEST).read_text())
+    parties = [p["name"] for p in manifest["parties"]]
+    keys = ["roster.json", *parties] if "roster" in manifest else []  # secure aggregation: each key in its folder
     assert sorted(f.name for f in (tmp_path / "shards").iterdir()) == sorted(
-        [MANIFEST, "server.pt", "evaluator.pt"] + [f"{n}.pt" for n in parties])
+        [MANIFEST, "server.pt", "evaluator.pt"] + [f"{n}.pt" for n in parties] + keys)
     monkeypatch.setattr(fedgl.runner, "load_data", lambda *a, **k: pytest.fail("the deployed driver loaded the data"))
     deployed = run(build_config({**settings, "backend": {"shards": str(tmp_path / "shards")}}), tmp_path / "run")
     compare_runs(local, deployed)

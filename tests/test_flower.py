@@ -17,11 +17,12 @@ pytest.importorskip("flwr", reason="the Flower backend needs flwr (pip install '
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict  # noqa: E402
 
 from fedgl.comm.flower_codec import STYPE, decode, encode  # noqa: E402
-from fedgl.comm.flower_party import REFUSED, handle  # noqa: E402
+from fedgl.comm.flower_party import serve  # noqa: E402
 from fedgl.comm.flower_setup import main as setup_main  # noqa: E402
 from fedgl.config import build_config  # noqa: E402
 from fedgl.deployment import write_shards  # noqa: E402
 from fedgl.errors import ConfigError  # noqa: E402
+from fedgl.flower_relay import NOT_MADE, REFUSED, relay  # noqa: E402
 from fedgl.runner import run  # noqa: E402
 
 BASE = {"dataset": {"options": {"num_nodes": 150}}, "partition": {"num_clients": 3}, "train": {"rounds": 1},
@@ -29,6 +30,7 @@ BASE = {"dataset": {"options": {"num_nodes": 150}}, "partition": {"num_clients":
 PROTOCOLS = {  # every protocol with parties
     "fedavg": {"protocol": {"name": "fedavg", "group_size": 1}},
     "fedavg-group": {"protocol": {"name": "fedavg"}},  # Rows("model") with broadcast rows
+    "fedavg-secure": {"protocol": {"name": "fedavg", "group_size": 1}, "privacy": {"secure_aggregation": True}},
     "glasu": {"protocol": {"name": "glasu", "batches": 2}},
     "nfedgnn": {"protocol": {"name": "nfedgnn"}},
     "cnfgnn": {"protocol": {"name": "cnfgnn"}},
@@ -123,23 +125,33 @@ def test_a_message_that_is_not_fedgl_is_refused():
 
 
 def _ask(context: Context, action: str, payload=None, **meta) -> Message:
-    """Message ``query.<action>`` as it reaches the node, and the party's reply."""
-    import time
-
+    """Message ``query.<action>`` as it reaches the node, and the party's reply (through its host)."""
     from flwr.app import Metadata
     from flwr.app.message import make_message
 
     metadata = Metadata(run_id=1, message_id="m", src_node_id=0, dst_node_id=1, reply_to_message_id="",
                         group_id="", created_at=time.time(), ttl=60.0, message_type=f"query.{action}")
-    return handle(make_message(metadata=metadata, content=encode(payload, **meta)), context)
+    return relay(make_message(metadata=metadata, content=encode(payload, **meta)), context)
+
+
+def host(folder, party: str, shard: str, run_id: int = 1) -> Context:
+    """A party host serving ``party`` in a thread, and the context of its SuperNode's ClientApp."""
+    import threading
+
+    socket = folder / "party.sock"
+    threading.Thread(target=serve, args=(str(socket), party, shard, str(folder)), daemon=True).start()
+    while not socket.exists():
+        time.sleep(0.01)
+    return Context(run_id=run_id, node_id=1, node_config={"fedgl-host": str(socket)}, state=RecordDict(),
+                   run_config={})
 
 
 def test_a_party_answers_only_its_rpc_methods(tmp_path):
     manifest = write_shards(build_config({**BASE, **PROTOCOLS["fedavg"]}), tmp_path / "shards")
     party = manifest["parties"][0]
-    context = Context(run_id=1, node_id=1, node_config={"fedgl-party": party["name"], "fedgl-state": str(tmp_path),
-                                                         "fedgl-shard": str(tmp_path / "shards" / party["file"])},
-                      state=RecordDict(), run_config={})
+    context = host(tmp_path / "node", party["name"], str(tmp_path / "shards" / party["file"]))
+    unmade = _ask(context, "train", {"state": {}})  # as to a SuperNode started again mid-run: a lost party
+    assert unmade.has_error() and unmade.error.code == NOT_MADE
     assert not _ask(context, "_fedgl_spawn", **{"class": party["class"], "sha256": party["sha256"],
                                                 "device": "cpu"}).has_error()
     assert decode(_ask(context, "_fedgl_hello").content)[0] == party["name"]
@@ -160,9 +172,7 @@ def test_a_party_trains_holds_and_rolls_back_on_its_node(tmp_path):
     manifest = write_shards(build_config({**BASE, **PROTOCOLS["fedavg"]}), tmp_path / "shards")
     party = manifest["parties"][0]
     shard = tmp_path / "shards" / party["file"]
-    context = Context(run_id=2, node_id=1, node_config={"fedgl-party": party["name"], "fedgl-shard": str(shard),
-                                                         "fedgl-state": str(tmp_path)},
-                      state=RecordDict(), run_config={})
+    context = host(tmp_path / "node", party["name"], str(shard), run_id=2)
     _ask(context, "_fedgl_spawn", **{"class": party["class"], "sha256": party["sha256"], "device": "cpu"})
     cls, kwargs = load_party(shard, party["class"], party["sha256"])
     state = cls.create(**kwargs).trainer.get_state()
@@ -187,7 +197,7 @@ class LoopGrid:
         ids = []
         for message in messages:
             message.metadata.__dict__["_message_id"] = message.object_id  # as the SuperLink stamps it
-            self.replies[message.object_id] = handle(message, self.contexts[message.metadata.dst_node_id])
+            self.replies[message.object_id] = relay(message, self.contexts[message.metadata.dst_node_id])
             ids.append(message.object_id)
         return ids
 
@@ -199,11 +209,8 @@ class LoopGrid:
 def test_a_run_through_flower_messages_equals_the_in_process_run(protocol, tmp_path, monkeypatch):
     """Every protocol through FlowerTransport, the codec and each party's host (one per node), with
     the SuperLink's routing done here: metrics and ledger equal the in-process run's."""
-    import threading
-
     from flwr.supercore.task_identity import TaskIdentity
 
-    from fedgl.comm.flower_party import serve
     from fedgl.comm.flower_transport import serving
 
     for key, value in (("_run_id", 7), ("_node_id", 0), ("_task_id", 1)):
@@ -211,15 +218,8 @@ def test_a_run_through_flower_messages_equals_the_in_process_run(protocol, tmp_p
     settings = {**BASE, **PROTOCOLS[protocol], "train": {"rounds": 2}}
     manifest = write_shards(build_config(settings), tmp_path / "shards")
     run(build_config(settings), tmp_path / "plain")
-    contexts = {}
-    for i, party in enumerate(manifest["parties"]):
-        socket, shard = tmp_path / f"n{i}" / "party.sock", str(tmp_path / "shards" / party["file"])
-        threading.Thread(target=serve, args=(str(socket), party["name"], shard, str(tmp_path / f"n{i}")),
-                         daemon=True).start()
-        while not socket.exists():
-            time.sleep(0.01)
-        contexts[100 + i] = Context(run_id=7, node_id=100 + i, node_config={"fedgl-host": str(socket)},
-                                    state=RecordDict(), run_config={})
+    contexts = {100 + i: host(tmp_path / f"n{i}", party["name"], str(tmp_path / "shards" / party["file"]), run_id=7)
+                for i, party in enumerate(manifest["parties"])}
     with serving(LoopGrid(contexts)):
         run(build_config({**settings, "backend": {"name": "flower", "shards": str(tmp_path / "shards")}}),
             tmp_path / "flower")
@@ -246,22 +246,30 @@ def test_tls_is_on_unless_waived_by_name(tmp_path, capsys):
     assert "--insecure" in supernode_command(args)
 
 
-def test_the_flower_backend_outside_a_server_app_says_how_to_submit(tmp_path):
+def test_the_flower_backend_outside_a_server_app_says_how_to_submit(tmp_path, capsys):
+    from fedgl.cli import main as cli
+
     write_shards(build_config({**BASE, **PROTOCOLS["fedavg"]}), tmp_path / "shards")
     backend = {"name": "flower", "shards": str(tmp_path / "shards")}
     cfg = build_config({**BASE, **PROTOCOLS["fedavg"], "backend": backend})
     with pytest.raises(ConfigError, match="flower_setup submit"):
         run(cfg, tmp_path / "run")
+    assert cli(["run", "--backend", "flower", "--set", f"backend.shards={tmp_path / 'shards'}",
+                "--out", str(tmp_path / "cli")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "flower_setup submit" in err  # `--backend flower` is taken, then one line
 
 
 @pytest.mark.slow
-def test_the_simulation_engine_runs_the_same_apps(tmp_path):
-    """Flower's Simulation Engine, one SuperNode per party: metrics and ledger as in process, and
-    every message the server sends or receives holds only fedgl's records."""
+@pytest.mark.parametrize("protocol", ["fedavg", "glasu", "nfedgnn"])
+def test_the_simulation_engine_runs_the_same_apps(protocol, tmp_path):
+    """Flower's Simulation Engine, one SuperNode (and party host) per party: metrics and ledger as in
+    process, for the protocols whose parties keep a live forward pass too, and every message the
+    server sends or receives holds only fedgl's records."""
     from fedgl.comm.flower_transport import FlowerTransport
     from fedgl.flower_app import simulate
 
-    cfg = {**BASE, **PROTOCOLS["fedavg"], "train": {"rounds": 2}}
+    cfg = {**BASE, **PROTOCOLS[protocol], "train": {"rounds": 2}}
     write_shards(build_config(cfg), tmp_path / "shards")
     run(build_config(cfg), tmp_path / "plain")
     contents = []
@@ -276,3 +284,12 @@ def test_the_simulation_engine_runs_the_same_apps(tmp_path):
             for p in (tmp_path / "plain", tmp_path / "flower")]
     assert rows[0] == rows[1]
     assert (tmp_path / "plain" / "ledger.jsonl").read_text() == (tmp_path / "flower" / "ledger.jsonl").read_text()
+
+
+def test_the_client_app_flower_starts_per_message_imports_no_torch():
+    """Flower starts a ClientApp process for every message: fedgl's must stay small."""
+    import subprocess
+    import sys
+
+    code = "import sys, fedgl.flower_app; sys.exit('torch' in sys.modules or 'fedgl.comm' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0

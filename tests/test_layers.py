@@ -19,7 +19,8 @@ CHECKED = (SRC / "fedgl", ROOT / "benchmarks")
 # ``privacy.config`` is the privacy section's settings model (it imports only errors and options): it
 # belongs with the config that holds it, below the privacy mechanisms.
 LAYERS = (
-    ("base", ("errors", "options", "files", "tables", "lean_imports", "device", "metrics", "progress", "tracking")),
+    ("base", ("errors", "options", "files", "tables", "lean_imports", "device", "metrics", "progress", "tracking",
+              "flower_relay")),
     ("data", ("data",)),
     ("partition", ("partition",)),
     ("config", ("config", "privacy.config")),

@@ -5,7 +5,6 @@ reach the run folder."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +13,7 @@ from fedgl.comm import Party, make_transport, rpc
 from fedgl.comm.party_state import plain
 from fedgl.config import build_config
 from fedgl.runner import Run, run
+from support.stored import files_holding
 
 
 class Keeper(Party):
@@ -117,11 +117,6 @@ def key_secrets(job: Run) -> list[bytes]:
     """Every party's private signing key, read from the live parties in this process (the round keys
     and what was agreed with them are dropped once a round's sum is revealed)."""
     return [party.secagg.identity.private for party in job.transport._parties.values()]
-
-
-def files_holding(folder: Path, secrets: list[bytes]) -> list[str]:
-    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()
-                  and any(secret in p.read_bytes() for secret in secrets))
 
 
 def test_a_checkpointed_secure_aggregation_run_writes_no_key_and_resumes_to_the_same_run(tmp_path):

@@ -1,4 +1,5 @@
-"""Secure aggregation and differential privacy (fedgl.privacy) and their use in FedAvg and GLASU."""
+"""Secure aggregation and differential privacy (fedgl.privacy) and their use in FedAvg (GLASU's secure
+mean: tests/test_glasu_secagg.py)."""
 
 from __future__ import annotations
 
@@ -9,17 +10,18 @@ import pytest
 import torch
 from scipy import stats
 
+from fedgl.comm import LocalTransport
 from fedgl.config import build_config
 from fedgl.errors import ConfigError, RunFailed
-from fedgl.privacy import DPConfig
+from fedgl.privacy import DPConfig, bonawitz
 from fedgl.privacy import dp as dp_module
 from fedgl.privacy import secure_aggregation as sa
+from fedgl.protocols.aggregation import secure_sum, trust_identities
 from fedgl.protocols.fedavg.group import flat_state
-from fedgl.protocols.glasu.client import GlasuClient
-from fedgl.protocols.glasu.server import Glasu
 from fedgl.runner import Run
 from support.keys import fixed_pair
 from support.masks import top_bits
+from support.secure_sum import Toy
 
 
 @pytest.fixture
@@ -28,16 +30,22 @@ def dpa():
     return pytest.importorskip("dp_accounting")
 
 
-SCHEMES = ["x25519"]
-
-
-def fixed_keys(scheme: str, count: int) -> list[sa.MaskingClient]:
-    """Clients with fixed keys, after key agreement."""
-    clients = [sa.MaskingClient(i, fixed_pair(scheme, i)) for i in range(count)]
-    table = torch.stack([c.public_key() for c in clients])
-    for c in clients:
-        c.agree(table)
-    return clients
+def masked_inputs(encoded: torch.Tensor, labels: tuple[int, ...] = (1,)) -> tuple[list[list], list[torch.Tensor]]:
+    """Secure sums of the rows of ``encoded`` (one client each), one per label: every masked input as
+    the server receives it (in client order, per sum) and each decoded sum."""
+    transport = LocalTransport()
+    names = transport.spawn(Toy, [dict(name=f"c{i}", seed=i, index=i, value=row) for i, row in enumerate(encoded)])
+    trust_identities(transport, names)
+    seen: list[dict] = []
+    transport.observers.append(lambda r, src, dst, method, payload, evaluating: seen[-1].__setitem__(src, payload)
+                               if method == "secagg_input" and dst == "server" else None)
+    totals = []
+    for label in labels:
+        seen.append({})
+        for name, row in zip(names, encoded):
+            transport._parties[name].secure_value = row
+        totals.append(secure_sum(transport, names, list(range(len(names))), label, len(names) // 2 + 1)[0])
+    return [[inputs[name] for name in names] for inputs in seen], totals
 
 
 def config(privacy: dict | None = None, rounds: int = 3, **protocol):
@@ -52,38 +60,30 @@ def run(cfg, tmp_path, name: str):
 
 
 # ---- secure aggregation ------------------------------------------------------------------------------
-@pytest.mark.parametrize("scheme", SCHEMES)
-def test_key_agreement_gives_both_sides_the_same_secret(scheme):
-    a, b, c = fixed_keys(scheme, 3)
-    assert a.pair_secrets[1] == b.pair_secrets[0] and a.pair_secrets[2] == c.pair_secrets[0]
-    assert len({a.pair_secrets[1], a.pair_secrets[2], b.pair_secrets[2]}) == 3
+def test_key_agreement_gives_both_sides_the_same_secret():
+    a, b, c = (fixed_pair("x25519", i) for i in range(3))
+    ab, ba = sa.pair_secret(a.shared(b.public())), sa.pair_secret(b.shared(a.public()))
+    assert ab == ba and len({ab, sa.pair_secret(a.shared(c.public())), sa.pair_secret(b.shared(c.public()))}) == 3
 
 
-@pytest.mark.parametrize("scheme", SCHEMES)
-def test_masks_cancel_in_the_servers_sum(scheme):
-    clients = fixed_keys(scheme, 5)
+def test_masks_cancel_in_the_servers_sum():
     gen = torch.Generator().manual_seed(0)
     values = torch.randn(5, 1000, generator=gen, dtype=torch.float64) * 10
     weights = torch.tensor([3, 140, 0, 57, 9])
     encoded = sa.encode(values, weights, participants=5)
-    masked = torch.stack([c.mask(e, None, round_index=7) for c, e in zip(clients, encoded)])
+    (masked,), (decoded,) = masked_inputs(encoded)
+    masked = torch.stack(masked)
     assert bool((masked != encoded).float().mean() > 0.99)  # no payload is the encoded update
     plain = (weights.double().unsqueeze(1) * values).sum(0)
-    decoded = sa.decode(sa.ring_sum(masked))
     assert torch.allclose(decoded, plain, rtol=0, atol=5 * weights.max().item() * 2.0**-sa.FRACTION_BITS)
-    # a subset of participants masks among itself only; a client left out breaks the sum
-    subset = torch.tensor([0, 3, 4])
-    part = torch.stack([clients[i].mask(encoded[i], subset, 8) for i in subset.tolist()])
-    assert torch.allclose(sa.decode(sa.ring_sum(part)), (weights[subset].double().unsqueeze(1) * values[subset]).sum(0),
-                          atol=1e-6)
-    assert not torch.allclose(sa.decode(sa.ring_sum(part[:2])), (weights[:1].double() * values[0]
-                                                                 + weights[3] * values[3]), atol=1.0)
+    # the pairwise masks cancel in the ring sum, the self-masks stay until the server's unmasking
+    assert not torch.allclose(sa.decode(sa.ring_sum(masked)), plain, atol=1.0)
 
 
 def test_masks_are_fresh_every_round():
-    a, _, _ = fixed_keys(sa.default_key_agreement(), 3)
-    zero = torch.zeros(500, dtype=torch.int64)
-    assert bool((a.mask(zero, None, 1) != a.mask(zero, None, 2)).all())
+    zero = torch.zeros(4, 500, dtype=torch.int64)
+    (first, *_), (second, *_) = masked_inputs(zero, labels=(1, 2))[0]
+    assert bool((first != second).all())
 
 
 def test_encoding_refuses_values_that_could_overflow_the_sum():
@@ -93,13 +93,14 @@ def test_encoding_refuses_values_that_could_overflow_the_sum():
         sa.encode(torch.full((1, 3), bound / 4), torch.tensor([4]), 10)
 
 
-def test_a_masked_payload_is_uniform_whatever_the_data():
-    clients = fixed_keys(sa.default_key_agreement(), 4)
+def test_a_masked_payload_is_uniform_whatever_the_data(repeatable_keys, monkeypatch):
+    """Keys and self-mask seeds from a fixed sequence, so the verdict is the same on every run."""
+    monkeypatch.setattr(bonawitz.secrets, "token_bytes", lambda n: bytes([7]) * n)
     n = 40_000
     structured = sa.encode(torch.linspace(-3, 3, n).unsqueeze(0), torch.tensor([50]), 4)[0]
-    zeros = torch.zeros(n, dtype=torch.int64)
-    sent_structured = clients[1].mask(structured, None, 3)
-    sent_zeros = clients[1].mask(zeros, None, 4)
+    sent_structured = masked_inputs(torch.stack([structured] * 4))[0][0][1]
+    repeatable_keys()
+    sent_zeros = masked_inputs(torch.zeros(4, n, dtype=torch.int64), labels=(2,))[0][0][1]
     for sent in (sent_structured, sent_zeros):
         assert stats.chisquare(np.bincount(top_bits(sent, 6), minlength=64)).pvalue > 1e-3
     # the test can fail: the encoded data itself is far from uniform
@@ -144,7 +145,8 @@ def test_secure_fedavg_ends_where_plain_fedavg_ends(tmp_path, protocol):
 
 
 def test_ledger_counts_identities_and_eight_bytes_per_masked_coordinate(tmp_path):
-    job, _ = run(config({"secure_aggregation": True}, rounds=2, group_size=1), tmp_path, "secure")
+    # identities relayed through the server (pinned ones send nothing: tests/test_identity_roster.py)
+    job, _ = run(config({"secure_aggregation": {"identities": "relayed"}}, rounds=2, group_size=1), tmp_path, "secure")
     params = sum(p.numel() for p in job.protocol.model.state_dict().values())
     rows = job.transport.ledger.rows()
     n = 4
@@ -173,51 +175,6 @@ def test_secure_aggregation_needs_three_clients_per_round(tmp_path):
         Run(config({"secure_aggregation": True}, client_fraction=0.5), tmp_path / "run")
     with pytest.raises(ConfigError, match="group_size 2: privacy.secure_aggregation needs one party per client"):
         Run(config({"secure_aggregation": True}, group_size=2), tmp_path / "run")
-    a, _, _ = fixed_keys(sa.default_key_agreement(), 3)
-    with pytest.raises(RunFailed, match="fewer than 3"):
-        a.mask(torch.zeros(3, dtype=torch.int64), torch.tensor([0]), 1)
-
-
-def glasu_config(privacy: dict, **protocol):
-    return build_config({"dataset": {"name": "synthetic"}, "partition": {"num_clients": 3, "method": "contiguous"},
-                         "train": {"rounds": 3}, "network": {"compute": "ignore"},
-                         "protocol": {"name": "glasu", "K": 2, **protocol}, "privacy": privacy})
-
-
-def test_secure_glasu_aggregates_the_plain_mean_and_sends_int64_representations(tmp_path, monkeypatch):
-    """Every mean the server decodes from the masked sums is the mean of what the clients would have
-    sent in the clear, to the fixed-point resolution, and the first round ends where plain GLASU's does.
-    Later rounds are not compared: training amplifies the 2^-33 rounding of each aggregate, and on one
-    CPU the two runs' training losses parted by 4e-9, 6e-5 and 2e-3 after rounds 1, 2 and 3."""
-    sent, checked = [], []
-
-    def send(client, h):
-        sent.append(h.clone())
-        return plain_send(client, h)
-
-    def aggregate(server, outs):
-        mean = plain_aggregate(server, outs)
-        parts, sent[:] = sent[-len(outs):], []
-        torch.testing.assert_close(mean, torch.stack(parts).double().mean(0).float(), rtol=1e-6, atol=2.0**-30)
-        checked.append(mean.numel())
-        return mean
-
-    plain_send, plain_aggregate = GlasuClient._send, Glasu._aggregate
-    plain_job, plain = run(glasu_config({}), tmp_path, "plain")
-    monkeypatch.setattr(GlasuClient, "_send", send)
-    monkeypatch.setattr(Glasu, "_aggregate", aggregate)
-    job, secure = run(glasu_config({"secure_aggregation": True}), tmp_path, "secure")
-    assert len(checked) == 2 * (16 + 1) * 3  # 2 levels, for 16 mini-batches and one inference, 3 rounds
-    for key in ("train_loss", "val_accuracy", "val_loss", "test_accuracy", "test_loss"):
-        assert secure.metrics[0][key] == pytest.approx(plain.metrics[0][key], abs=1e-6), key
-
-    def forward_up(j) -> int:
-        return sum(r["bytes"] for r in j.transport.ledger.rows() if r["method"] == "forward" and r["direction"] == "up")
-
-    assert forward_up(job) == 2 * forward_up(plain_job)  # the same rows, 8 bytes per value instead of 4
-    assert {r["method"] for r in job.transport.ledger.rows() if r["round"] == 0} == {"public_key", "agree"}
-    with pytest.raises(ConfigError, match="aggregation mean and backward local"):
-        Run(glasu_config({"secure_aggregation": True}, aggregation="concat"), tmp_path / "concat")
 
 
 def test_protocols_without_privacy_options_refuse_them():

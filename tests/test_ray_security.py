@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from fedgl.comm.ray_cluster import enforces_token, init_ray
+from fedgl.comm.ray_cluster import enforces_token, init_ray, protect_token_file
 from fedgl.errors import ConfigError
 
 
@@ -78,6 +78,19 @@ def test_a_local_run_opens_listeners_on_loopback_only(tmp_path):
     assert [s for s in report["sockets"] if not loopback(s["ip"])] == []
     assert loopback(report["gcs"].rpartition(":")[0].strip("[]"))
     assert (tmp_path / "run" / "summary.json").exists()
+    token = Path(env.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    assert not token.exists() or token.stat().st_mode & 0o077 == 0  # Ray writes it readable by all
+
+
+def test_the_token_file_is_narrowed_to_its_owner(tmp_path):
+    """Ray writes its token file readable by every local user; a run makes it owner-only (and a token
+    given in RAY_AUTH_TOKEN, with no file, is no error)."""
+    token = tmp_path / "auth_token"
+    token.write_text("secret")
+    token.chmod(0o644)
+    protect_token_file(str(token))
+    assert token.stat().st_mode & 0o777 == 0o600
+    protect_token_file(str(tmp_path / "absent"))
 
 
 def test_the_socket_reader_sees_a_listener_on_every_interface():

@@ -4,7 +4,7 @@ Fenced ``bash`` blocks are read line by line: ``fedgl run`` commands run in a sc
 the repository's examples and ``--set train.rounds=2`` appended (LLCG's ``local_steps`` if more: its
 first server correction); a run over ``backend.shards`` first partitions into that folder with the
 run's other settings; ``fedgl bench TASK`` must name a task; ``fedgl report`` and ``fedgl audit`` run
-over folders a small run writes first. Set-up and long benchmark
+over folders a small run writes first, ``fedgl keys roster`` over keys ``fedgl keys new`` writes first. Set-up and long benchmark
 commands (pip, pytest, python scripts) are checked elsewhere (CI runs them).
 """
 
@@ -64,6 +64,9 @@ def test_command_runs_as_written(doc, command, data_root, tmp_path, monkeypatch)
                              "--rounds", "2", "--quiet", "--out", folder]) == 0
         assert main(argv) == 0, command
         return
+    if argv[:2] == ["keys", "roster"]:  # over the public keys each organisation's `keys new` wrote
+        for pub in argv[2:argv.index("--out")]:
+            assert main(["keys", "new", "--out", str(Path(pub).parent)]) == 0
     if argv[0] == "audit":  # over a small run that recorded its messages
         assert main(["run", "--dataset", "synthetic", "--set", "dataset.options.num_nodes=200", "--rounds", "2",
                      "--set", "privacy.record_messages=true", "--quiet", "--out", argv[1]]) == 0

@@ -12,32 +12,17 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from fedgl.comm import LocalTransport, Party, rpc
+from fedgl.comm import LocalTransport
 from fedgl.config import build_config
-from fedgl.errors import ConfigError, PartyFailure, RunFailed
+from fedgl.errors import ConfigError, RunFailed
 from fedgl.privacy import bonawitz, identity, masks, secure_aggregation as sa, shamir
 from fedgl.privacy.bonawitz import SecAggClient
 from fedgl.protocols import aggregation
-from fedgl.protocols.aggregation import SecureSumParty, secure_sum, trust_identities
+from fedgl.protocols.aggregation import secure_sum, trust_identities
 from fedgl.runner import Run
+from support.secure_sum import Toy, one_line
 
 N, D = 10, 64
-
-
-class Toy(SecureSumParty, Party):
-    """A client holding one private fixed-point vector."""
-
-    def __init__(self, name: str, seed: int, index: int, value: torch.Tensor, fail_at: str = ""):
-        super().__init__(name, seed)
-        self.secagg = SecAggClient.create(index)
-        self.secure_value = value
-        self.fail_at = fail_at
-
-    @rpc(label="control", ids="control", keys="control", threshold="control", returns="control")
-    def secagg_share(self, label, ids, keys, threshold):
-        if self.fail_at == "share":  # its process dies during this step
-            raise PartyFailure([self.name])
-        return super().secagg_share(label, ids, keys, threshold)
 
 
 def federation(n: int = N, extra: dict[int, dict] | None = None):
@@ -48,12 +33,6 @@ def federation(n: int = N, extra: dict[int, dict] | None = None):
                                   for i in range(n)])
     trust_identities(transport, names)
     return transport, names, values, encoded
-
-
-def one_line(err) -> str:
-    text = str(err.value)
-    assert "\n" not in text
-    return text
 
 
 # ---- masks a server cannot predict ----------------------------------------------------------------
@@ -137,10 +116,6 @@ def test_a_bad_participant_list_is_refused_in_one_line(ids, problem):
     with pytest.raises(RunFailed) as err:
         clients[0].share_keys(1, torch.tensor(ids), keys[torch.tensor(ids).clamp(max=3)], 3)
     assert problem in one_line(err)
-    pairwise = sa.MaskingClient(0, sa.KeyPair.generate())
-    pairwise.agree(torch.stack([pairwise.public_key()] + [sa.MaskingClient.create(i).public_key() for i in (1, 2)]))
-    with pytest.raises(RunFailed, match="repeats client 1|fewer than 3"):
-        pairwise.mask(torch.zeros(3, dtype=torch.int64), torch.tensor([0, 1, 1] if "repeats" in problem else [0, 1]), 1)
 
 
 def test_a_repeated_round_index_is_refused():
@@ -153,11 +128,6 @@ def test_a_repeated_round_index_is_refused():
     secure_sum(transport, names, list(range(4)), label=7, threshold=3)
     with pytest.raises(RunFailed, match="refuses to mask twice under index 7"):
         secure_sum(transport, names, list(range(4)), label=7, threshold=3)
-    pairwise = sa.MaskingClient(0, sa.KeyPair.generate())
-    pairwise.agree(torch.stack([pairwise.public_key()] + [sa.MaskingClient.create(i).public_key() for i in (1, 2)]))
-    pairwise.mask(torch.zeros(3, dtype=torch.int64), None, 4)
-    with pytest.raises(RunFailed, match="refuses to mask twice under index 4"):
-        pairwise.mask(torch.zeros(3, dtype=torch.int64), None, 4)
 
 
 def test_a_substituted_round_key_fails_its_signature():

@@ -1,4 +1,4 @@
-"""The ``fedgl`` command line: run, bench, datasets, report, audit, partition.
+"""The ``fedgl`` command line: run, bench, datasets, report, audit, partition, keys.
 
 Every user error (bad config, unknown dataset, impossible partition) is one line on stderr and exit
 code 2; a traceback means a bug in fedgl.
@@ -118,9 +118,10 @@ def _run(args: argparse.Namespace) -> int:
         f"test {s['test_accuracy']:.4f}, {human_bytes(s['bytes_total'])} sent, "
         f"simulated {s['sim_time_s']:.2f} s, wall {s['wall_time_s']:.2f} s"
     )
-    if s["target_val_accuracy"] is not None:
-        reached = f"round {s['round_at_target']}" if s["round_at_target"] else "not reached"
-        console().print(f"target val accuracy {s['target_val_accuracy']}: {reached}")
+    for split in ("val", "test"):
+        if s.get(f"target_{split}_accuracy") is not None:
+            reached = f"round {s['round_at_target']}" if s["round_at_target"] else "not reached"
+            console().print(f"target {split} accuracy {s[f'target_{split}_accuracy']}: {reached}")
     console().print(f"results: {result.out_dir}")
     return 0
 
@@ -211,6 +212,25 @@ def _partition(args: argparse.Namespace) -> int:
     return 0
 
 
+def _keys(args: argparse.Namespace) -> int:
+    """``keys new``: an organisation's own identity key pair; ``keys roster``: a federation's roster
+    from its members' public keys (client i is the i-th file)."""
+    from .privacy.identity import Identity, Roster, read_public
+
+    out = Path(args.out)
+    if args.action == "new":
+        path = Identity.generate().write(out)
+        console().print(f"identity key written to {path} (keep it); its public key, {out / 'identity.pub'}, "
+                        f"goes into the federation's roster")
+        return 0
+    keys = tuple(read_public(p) for p in args.public)
+    if len(set(keys)) != len(keys) or not keys:
+        raise ConfigError("fedgl keys roster needs one distinct public key per client, client 0 first")
+    Roster(keys).write(out)
+    console().print(f"roster of {len(keys)} clients written to {out}; name it in the config: privacy: {{secure_aggregation: {{roster: {out}}}}}")
+    return 0
+
+
 def _audit(args: argparse.Namespace) -> int:
     from .audit import audit_command
 
@@ -252,7 +272,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("config", nargs="?", help="YAML config; omitted = the embedded synthetic default")
     r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key, e.g. train.rounds=50")
     r.add_argument("--out", help="results folder (default results/<protocol>-<dataset>-seed<seed>-<time>)")
-    r.add_argument("--backend", choices=["local", "ray"])
+    r.add_argument("--backend", choices=["local", "ray", "flower"])
     r.add_argument("--protocol")
     r.add_argument("--dataset")
     r.add_argument("--data-root", dest="data_root")
@@ -284,6 +304,13 @@ def parser() -> argparse.ArgumentParser:
     part.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key")
     part.add_argument("--out", required=True, help="the shard folder")
     part.set_defaults(func=_partition)
+
+    k = sub.add_parser("keys", help="secure aggregation identities: a key pair of your own, a federation's roster")
+    k.add_argument("action", choices=["new", "roster"])
+    k.add_argument("public", nargs="*", help="roster: each client's identity.pub, client 0 first")
+    k.add_argument("--out", required=True, help="new: the folder of identity.key and identity.pub (beside your "
+                   "party's shard: <shards>/<party>/); roster: the roster file")
+    k.set_defaults(func=_keys)
 
     a = sub.add_parser("audit", help="attack the messages a run recorded (privacy.record_messages: true)")
     a.add_argument("run_dir")

@@ -7,7 +7,10 @@ writes into one folder:
 - ``server.pt``: the server's own state after set-up (e.g. the node -> owner map it routes by);
 - ``evaluator.pt``: the ground truth of the scoring harness, which sits outside every party;
 - ``manifest.json``: public facts (protocol, config hash, feature and class counts, party names,
-  classes, files and their SHA-256).
+  classes, files and their SHA-256);
+- with secure aggregation's pinned identities, ``<party>/identity.key`` (the client's private key,
+  readable by its owner only, in its own folder, never in a shard file) and ``roster.json`` (every
+  client's public key; the same roster is inside each client's file, which is what the client pins).
 
 A run with ``backend.shards`` set loads no dataset in the driver: the protocol builds its modules from
 the manifest's public facts (``Protocol.build``) and loads the server's state; each party host loads its
@@ -36,10 +39,11 @@ from .config import RunConfig
 from .errors import ConfigError
 from .evaluation import check_scored
 from .files import write_atomically
+from .privacy.identity import KEY_FILE, Identity, Roster
 from .protocols import protocol_class
 
 FORMAT = "fedgl-shards-1"
-MANIFEST, SERVER, EVALUATOR = "manifest.json", "server.pt", "evaluator.pt"
+MANIFEST, SERVER, EVALUATOR, ROSTER = "manifest.json", "server.pt", "evaluator.pt", "roster.json"
 PROTOCOL_OWN = ("cfg", "opts", "transport", "device")  # what a protocol object gets from its config
 
 
@@ -102,10 +106,14 @@ def write_shards(cfg: RunConfig, out: Path, data: Data | None = None) -> dict[st
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ConfigError(f"the shard folder {out} cannot be written: {err.strerror or err}") from None
-    parties = []
+    parties, rosters = [], []
     for name, cls, kwargs in writer.made:
+        kwargs, entry = _own_identity(out, name, kwargs), {}
+        if "roster" in kwargs:
+            rosters.append(kwargs["roster"])
+            entry = {"identity": f"{name}/{KEY_FILE}"}
         digest = _save(out / f"{name}.pt", plain({"class": class_path(cls), "kwargs": kwargs}, configs=True))
-        parties.append({"name": name, "class": class_path(cls), "file": f"{name}.pt", "sha256": digest})
+        parties.append({"name": name, "class": class_path(cls), "file": f"{name}.pt", "sha256": digest, **entry})
     state = server_state(protocol)
     facts = public_facts(data)
     _check_buildable(cfg, facts, state)
@@ -121,9 +129,27 @@ def write_shards(cfg: RunConfig, out: Path, data: Data | None = None) -> dict[st
         "parties": parties,
         "server": {"file": SERVER, "sha256": _save(out / SERVER, server)},
         "evaluator": {"file": EVALUATOR, "sha256": _save(out / EVALUATOR, truth)},
+        **({"roster": _write_roster(out, rosters[0])} if rosters else {}),
     }
     write_atomically(out / MANIFEST, lambda fh: fh.write(json.dumps(manifest, indent=1).encode()))
     return manifest
+
+
+def _own_identity(out: Path, name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A client's dealt private key written to its own folder ``<name>/identity.key`` (owner-only)
+    instead of its shard file, which names the file (read beside the shard where the party is made).
+    With a federation's roster nothing is dealt: the organisation puts its own key there."""
+    if "roster" not in kwargs:
+        return kwargs
+    if kwargs.get("identity") is not None:
+        Identity(kwargs["identity"]).write(out / name, replace=True)
+    return {**kwargs, "identity": KEY_FILE}
+
+
+def _write_roster(out: Path, table: torch.Tensor) -> dict[str, str]:
+    """``roster.json``, the public roster every client's shard pins, and its manifest entry."""
+    data = Roster.from_table(table).write(out / ROSTER)
+    return {"file": ROSTER, "sha256": hashlib.sha256(data).hexdigest()}
 
 
 def _check_buildable(cfg: RunConfig, facts: dict[str, int], state: dict[str, Any]) -> None:

@@ -15,16 +15,16 @@ from typing import Any
 
 from flwr.serverapp import ServerApp
 
-from .comm.flower_party import client_app as _party_app
-from .comm.flower_transport import serving
+from .flower_relay import client_app as _relay_app
 
 server_app = ServerApp()
-client_app = _party_app()
+client_app = _relay_app()  # imports neither torch nor a party: Flower starts it for every message
 
 
 @server_app.main()
 def main(grid: Any, context: Any) -> None:
     from .api import run
+    from .comm.flower_transport import serving
 
     config = context.run_config
     timeout = float(config.get("reply-timeout", 0)) or None
@@ -35,17 +35,21 @@ def main(grid: Any, context: Any) -> None:
 
 def simulate(config: Any, out_dir: str, *, reply_timeout_s: float | None = None, **overrides: Any) -> Any:
     """The same ServerApp and ClientApp in Flower's Simulation Engine, one SuperNode per party of
-    ``backend.shards``, on this machine; returns the run's ``RunResult``."""
+    ``backend.shards``, on this machine, each with its party host as on a real SuperNode (so every
+    protocol keeps its party state between messages); returns the run's ``RunResult``."""
     import json
+    import tempfile
     from pathlib import Path
 
     from flwr.simulation import run_simulation
 
     from .api import load_config, run
+    from .comm.flower_setup import party_hosts
+    from .comm.flower_transport import serving
 
     cfg = load_config(config, backend__name="flower", **overrides)
-    shards = str(Path(cfg.backend.shards or "").resolve())
-    parties = len(json.loads((Path(shards) / "manifest.json").read_text())["parties"])
+    shards = Path(cfg.backend.shards or "").resolve()
+    parties = json.loads((shards / "manifest.json").read_text())["parties"]
     results: list[Any] = []
     app = ServerApp()
 
@@ -54,8 +58,9 @@ def simulate(config: Any, out_dir: str, *, reply_timeout_s: float | None = None,
         with serving(grid, reply_timeout_s, connect_timeout_s=600.0):  # the engine starts Ray first
             results.append(run(cfg, out_dir=out_dir, overwrite=True))
 
-    run_simulation(app, _party_app(shards), num_supernodes=parties,
-                   backend_config={"client_resources": {"num_cpus": 1}, "init_args": {"num_cpus": 2}})
+    with tempfile.TemporaryDirectory(prefix="fedgl-sim-") as state, party_hosts(shards, parties, Path(state)) as hosts:
+        run_simulation(app, _relay_app(hosts), num_supernodes=len(parties),
+                       backend_config={"client_resources": {"num_cpus": 1}, "init_args": {"num_cpus": 2}})
     if not results:
         raise RuntimeError("the simulated run did not finish (see Flower's log above)")
     return results[0]

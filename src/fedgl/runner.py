@@ -243,7 +243,7 @@ class Run:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / FINISHED).unlink(missing_ok=True)
         (self.out_dir / CONFIG).write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
-        target = cfg.eval.target_val_accuracy
+        target = cfg.eval.target()
         started = time.perf_counter() - self.wall_offset
         self.completed = self.start_round - 1
         self.tracking.start(flat_config(cfg), self.start_round)
@@ -262,7 +262,7 @@ class Run:
                     row = None
                     if r % cfg.eval.every == 0 or r == cfg.train.rounds:
                         row = self.evaluate(r, stats, time.perf_counter() - started)
-                        if target is not None and cfg.eval.stop_at_target and row["val_accuracy"] >= target:
+                        if target is not None and cfg.eval.stop_at_target and row[target[0]] >= target[1]:
                             bar.update(r, row)
                             break
                     if cfg.checkpoint_every and r % cfg.checkpoint_every == 0:
@@ -320,8 +320,8 @@ class Run:
     def summarize(self, wall: float) -> dict[str, Any]:
         cfg, ledger, rows = self.cfg, self.transport.ledger, self.metrics
         best = best_row(rows) or {}
-        target = cfg.eval.target_val_accuracy
-        hit = next((row for row in rows if target is not None and row["val_accuracy"] >= target), None)
+        target = cfg.eval.target()
+        hit = next((row for row in rows if target is not None and row[target[0]] >= target[1]), None)
         last_round = rows[-1]["round"] if rows else 0
         return {
             "protocol": cfg.protocol_name,
@@ -347,7 +347,8 @@ class Run:
             "compute_s_by_party": {name: round(sec, 4) for name, sec in self.transport.compute_s.items()},
             # the wall covers rounds 1 to the last completed (on resume too), evaluated or not
             "wall_ms_per_round": 1e3 * wall / max(self.completed, last_round) if rows else None,
-            "target_val_accuracy": target,
+            "target_val_accuracy": cfg.eval.target_val_accuracy,
+            **({"target_test_accuracy": cfg.eval.target_test_accuracy} if cfg.eval.target_test_accuracy else {}),
             "round_at_target": hit["round"] if hit else None,
             "bytes_at_target": hit["bytes_total"] if hit else None,
             "sim_time_at_target_s": hit["sim_time_s"] if hit else None,

@@ -23,7 +23,8 @@ from .runner import CHECKPOINT, Run, default_out_dir
 UNREAD = {
     "central": (("partition.",), "{protocol} trains one party on the whole graph"),
     "node-level": (("partition.",), "in {protocol} every node is its own user"),
-    "vertical": (("partition.alpha", "partition.edge_drop", "partition.cross_edge_drop", "partition.client_nodes"),
+    "vertical": (("partition.alpha", "partition.edge_drop", "partition.cross_edge_drop", "partition.client_nodes",
+                  "partition.drop_unit"),
                  "it shapes horizontal partitions, and {protocol} splits features"),
     "horizontal": (("partition.edge_keep", "partition.label_holder"),
                    "it shapes vertical partitions, and {protocol} splits nodes"),

@@ -39,7 +39,7 @@ if _log:
 '''
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -59,7 +59,7 @@ class Federation:
         (root / "hooks").mkdir(parents=True)
         (root / "hooks" / "sitecustomize.py").write_text(AUDIT)
         self.certs = certificates(root / "certs", ["127.0.0.1"])
-        self.port = _free_port()
+        self.port = free_port()
         self.home = flwr_home(root / "flwr", f"127.0.0.1:{self.port}", self.certs["ca.crt"])
         self.nodes: dict[str, subprocess.Popen] = {}
         self.link = _setup("superlink", str(root / "certs"), "--port", str(self.port),
@@ -85,22 +85,33 @@ class Federation:
         return dict(os.environ, PYTHONPATH=f"{self.root / 'hooks'}{os.pathsep}{SRC}", FLWR_HOME=str(home),
                     FEDGL_AUDIT_LOG=str(self.root / f"audit-{who}.log"), OMP_NUM_THREADS="1")
 
-    def start_node(self, org: str, party: str, shard: Path, key: str | None = None) -> subprocess.Popen:
-        proc = _setup("supernode", "--party", party, "--shard", str(shard),
-                      "--key", str(self.root / "keys" / (key or org)),
+    def start_node(self, org: str, party: str, shard: Path, *extra: str) -> subprocess.Popen:
+        proc = _setup("supernode", "--party", party, "--shard", str(shard), "--key", str(self.root / "keys" / org),
+                      *extra,
                       "--ca", str(self.certs["ca.crt"]), "--superlink", f"127.0.0.1:{self.port}",
-                      "--port", str(_free_port()), "--state", str(self.root / "state" / org),
+                      "--port", str(free_port()), "--state", str(self.root / "state" / org),
                       env=self.env(org), stdout=open(self.root / f"{org}.log", "a"))
         self.nodes[org] = proc
         return proc
 
     def kill(self, org: str) -> None:
+        """A crash: the SuperNode, its host and its ClientApps end at once (the SuperLink notices when
+        the node's heartbeats lapse)."""
         proc = self.nodes.pop(org)
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         proc.wait()
+
+    def stop(self, org: str) -> None:
+        """An orderly stop (SIGTERM to the supernode command): the node leaves the federation at once."""
+        self.nodes[org].terminate()
+        try:
+            self.nodes[org].wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pass
+        self.kill(org)  # whatever is left of its process group
 
     def submit(self, config: Path, out: Path, *extra: str, wait: bool = True):
         proc = _setup("submit", str(config), "--out", str(out), "--flwr-home", str(self.home),
@@ -121,6 +132,6 @@ class Federation:
 
     def close(self) -> None:
         for org in list(self.nodes):
-            self.kill(org)
+            self.stop(org)
         os.killpg(self.link.pid, signal.SIGKILL)
         self.link.wait()

@@ -22,13 +22,18 @@ A number in prose carries its source in a comment right after it, invisible once
 ``[FOLDER|VARIANT|COLUMN]`` is the mean of that cell of ``benchmarks/results/FOLDER/table.json``, in
 the table's units (percentages, MB; a script's table of shown cells, its first number);
 ``COLUMN (paper)`` is the paper's number beside it and ``COLUMN std`` the standard deviation.
+``COLUMN seed N`` is one run's value (``results.json``); ``[FOLDER|summary|COLUMN]`` and
+``[FOLDER|round N|COLUMN]`` read a single committed run (``summary.json``, ``metrics.jsonl``);
+``[FOLDER/NAME.md|ROW|COLUMN]`` a task's extra markdown table, its rows named by their leading cells that
+are not numbers joined by " / " (``[fedaas-cost/savings.md|FedAAS / FedCross|embedding saving]``).
 ``[perf|MEASURE|value]`` (or ``target``) reads the performance suite's ``perf.json``. Around
 references go numbers, ``+ - * /``, ``abs``, ``min`` and ``max``. The prose number must equal the
 expression rounded to the digits the prose shows; a marker after no number is itself a problem.
 
 ``tests/test_docs.py`` fails when a block and its file differ, a file is missing or a marked number
 no longer equals its expression, so no number can stay in the docs after the code stops
-reproducing it.
+reproducing it; when a result-like number carries no marker (``unmarked``); and when a committed
+``table.md`` or ``table.json`` is not what its task makes of its ``results.json`` (``table_drift``).
 """
 
 from __future__ import annotations
@@ -38,9 +43,11 @@ import json
 import operator
 import re
 import sys
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
+from ..results import METRICS, SUMMARY
 from ..tables import markdown_table
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -101,10 +108,17 @@ _FUNCTIONS = {"abs": abs, "min": min, "max": max}
 def _table(root: Path, folder: str) -> dict[str, dict[str, dict[str, float | None]]]:
     """A committed table's cells by variant and column, each as mean, std and paper number in the
     units the table shows."""
+    results = root / "benchmarks" / "results"
     if folder == "perf":  # the performance suite's measures, by name: value and target
-        path = root / "benchmarks" / "results" / "perf.json"
+        path = results / "perf.json"
         return _read_perf(path, _version(path))
-    path = root / "benchmarks" / "results" / folder / "table.json"
+    if folder.endswith(".md"):  # a task's extra table, e.g. fedaas-cost/savings.md
+        path = results / folder
+        return _read_markdown(path, _version(path))
+    path = results / folder / "table.json"
+    if not path.exists() and (results / folder / SUMMARY).exists():  # a single committed run
+        path = results / folder / SUMMARY
+        return _read_summary(path, _version(path))
     return _read_table(path, _version(path))
 
 
@@ -141,6 +155,48 @@ def _read_table(path: Path, version: tuple[int, int]) -> dict[str, dict[str, dic
             for row in data["rows"]}
 
 
+@cache
+def _read_markdown(path: Path, version: tuple[int, int]) -> dict[str, dict[str, dict[str, float | None]]]:
+    """A markdown table's cells as shown, each row named by its leading cells that are not numbers,
+    joined by " / " (``FedAAS / FedCross``)."""
+    lines = table_lines(path.read_text())
+    header = cells(lines[0])
+    rows = {}
+    for line in lines[2:]:
+        row = cells(line)
+        lead = next((i for i, cell in enumerate(row) if _shown(cell)["mean"] is not None), len(row))
+        rows[" / ".join(row[:max(lead, 1)])] = {column: _shown(cell) for column, cell in zip(header, row)}
+    return rows
+
+
+@cache
+def _read_summary(path: Path, version: tuple[int, int]) -> dict[str, dict[str, dict[str, float | None]]]:
+    """A single committed run: its summary as the row ``summary`` and each metrics row as ``round N``,
+    every number in table units."""
+    from .core import display_scale
+
+    def row(values: dict) -> dict[str, dict[str, float | None]]:
+        return {key: {"mean": value * display_scale(key), "std": None, "paper": None}
+                for key, value in values.items() if isinstance(value, (int, float)) and not isinstance(value, bool)}
+
+    metrics = path.with_name(METRICS)
+    rounds = [json.loads(line) for line in metrics.read_text().splitlines() if line] if metrics.exists() else []
+    return {"summary": row(json.loads(path.read_text())), **{f"round {r['round']}": row(r) for r in rounds}}
+
+
+def _seed_value(root: Path, folder: str, variant: str, column: str, seed: int) -> float:
+    """One run's ``column`` (``results.json`` of ``folder``) in the units of the task's table."""
+    from . import all_tasks
+    from .core import display_scale
+
+    runs = json.loads((root / "benchmarks" / "results" / folder / "results.json").read_text())
+    run = next((r for r in runs if r["variant"] == variant and r["seed"] == seed), None)
+    if run is None or run.get(column) is None:
+        raise ValueError(f"{folder} has no run of {variant!r} with seed {seed} and a {column!r}")
+    task = all_tasks().get(json.loads((root / "benchmarks" / "results" / folder / "table.json").read_text())["task"])
+    return float(run[column]) * display_scale(column, task.formats.get(column) if task else None)
+
+
 def _shown(cell: object) -> dict[str, float | None]:
     numbers = [float(n) for n in re.findall(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?", str(cell))]
     return {"mean": numbers[0] if numbers else None, "std": numbers[1] if "±" in str(cell) and len(numbers) > 1
@@ -152,8 +208,14 @@ def ref_value(root: Path, folder: str, variant: str, column: str) -> float:
     try:
         rows = _table(root, folder)
     except FileNotFoundError:
-        name = "perf.json" if folder == "perf" else f"{folder}/table.json"
+        name = "perf.json" if folder == "perf" else folder if folder.endswith(".md") else f"{folder}/table.json"
         raise ValueError(f"benchmarks/results/{name} is not committed") from None
+    seed = re.fullmatch(r"(?P<name>.+) seed (?P<seed>\d+)", column)
+    if seed:
+        try:
+            return _seed_value(root, folder, variant, seed["name"], int(seed["seed"]))
+        except FileNotFoundError:
+            raise ValueError(f"benchmarks/results/{folder}/results.json is not committed") from None
     part = next((p for p in ("(paper)", "std") if column.endswith(f" {p}")), "")
     name = column.removesuffix(f" {part}") if part else column
     if variant not in rows:
@@ -166,12 +228,14 @@ def ref_value(root: Path, folder: str, variant: str, column: str) -> float:
     return float(value)
 
 
-def evaluate(root: Path, expr: str) -> float:
-    """The value of a marker's expression (references, numbers, + - * /, abs, min, max)."""
+def evaluate(root: Path, expr: str, resolve: Callable[[Path, str, str, str], float] | None = None) -> float:
+    """The value of a marker's expression (references, numbers, + - * /, abs, min, max); ``resolve``
+    reads a reference (``ref_value`` unless given)."""
     values: list[float] = []
+    resolve = resolve or ref_value
 
     def name(m: re.Match) -> str:
-        values.append(ref_value(root, m["folder"].strip(), m["variant"].strip(), m["column"].strip()))
+        values.append(resolve(root, m["folder"].strip(), m["variant"].strip(), m["column"].strip()))
         return f"_{len(values) - 1}"
 
     def walk(node: ast.AST) -> float:
@@ -210,6 +274,10 @@ def stale_values(text: str, root: Path = ROOT) -> list[str]:
         if m.start("expr") not in bound:
             problems.append(f"line {text.count(chr(10), 0, m.start()) + 1}: a marker right after no number "
                             f"({m[0]})")
+    code = [span.span() for span in re.finditer(r"`[^`\n]*`", text)]  # a marker shown in code marks nothing
+    for m in re.finditer(re.escape(PAPER), text):
+        if not text[:m.start()][-1:].isdigit() and not any(a < m.start() < b for a, b in code):
+            problems.append(f"line {text.count(chr(10), 0, m.start()) + 1}: a paper marker right after no number")
     for m in VALUE.finditer(text):
         line = text.count("\n", 0, m.start()) + 1
         try:
@@ -239,6 +307,83 @@ def stale(root: Path = ROOT) -> list[str]:
                     problems.append(f"{doc.name}: the table citing {path} differs from it")
             except ValueError as err:
                 problems.append(f"{doc.name}: the table citing {path}: {err}")
+    return problems
+
+
+# The unmarked-number rule. Masked first: cited table blocks, code and comments. A result-like number is
+# then a decimal with two or more digits after the point (81.23, 0.80) or any decimal with a percent sign
+# (94.5%); it must carry a marker right after its digits, ``<!-- = EXPR -->`` (a committed result) or
+# ``<!-- paper -->`` (a number quoted from a paper or its authors' code), unless the words right before
+# it name a setting or a version (ALLOWED_BEFORE), or it follows such a number in a list ("lr 0.01 and
+# 0.001"). docs/reproduction.md is generated from the results and checked whole (GENERATED).
+MASKED = re.compile(r"<!-- table: .*?<!-- /table -->|```.*?```|`[^`\n]*`|<!--.*?-->", re.S)
+RESULT_LIKE = re.compile(r"(?<![\w./])(?<!\w-)(?P<number>\d[\d,]*\.(?P<digits>\d+))(?P<percent>\s?%)?(?![\d.]\d)")
+PAPER = "<!-- paper -->"
+ALLOWED_BEFORE = re.compile(r"(?:\b(?:Python|Ray|flwr|lr|rate|Adam|defaults|cosine above|at least|norm about|"
+                            r"ln \d+|log \d+)|σ|–,)\s*[(=]?\s*$")  # versions, settings, thresholds, constants
+LIST_GAP = re.compile(r"\s*(?:,|and|or|-)\s*")
+GENERATED = ("reproduction.md",)
+
+
+def unmarked_numbers(text: str) -> list[str]:
+    """One line per result-like number of ``text`` that carries no source marker (the rule above)."""
+    masked = MASKED.sub(lambda m: re.sub(r"[^\n]", " ", m[0]), text)
+    plain = text.replace("`", " ")  # a setting's name in code still names it
+    problems, allowed_end = [], -1
+    for m in RESULT_LIKE.finditer(masked):
+        if ALLOWED_BEFORE.search(plain[max(0, m.start() - 24):m.start()]) or (
+                allowed_end >= 0 and LIST_GAP.fullmatch(masked[allowed_end:m.start()])):
+            allowed_end = m.end("number")
+            continue
+        allowed_end = -1
+        if (len(m["digits"]) < 2 and not m["percent"]) or text.startswith(("<!-- =", PAPER), m.end("number")):
+            continue
+        problems.append(f"line {text.count(chr(10), 0, m.start()) + 1}: {m['number']} has no source marker")
+    return problems
+
+
+def unmarked(root: Path = ROOT) -> list[str]:
+    """Unmarked result-like numbers in README.md and docs/*.md (the generated pages aside)."""
+    docs = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    return [f"{doc.name}: {p}" for doc in docs if doc.exists() and doc.name not in GENERATED
+            for p in unmarked_numbers(doc.read_text())]
+
+
+def regenerated(folder: Path) -> tuple[str, list[dict]] | str | None:
+    """``table.md`` and ``table.json``'s rows of a committed task folder as its task makes them today from
+    ``results.json``; a line saying why it cannot (a variant no longer in the task); None for a script's
+    table or a folder without results or task."""
+    from . import all_tasks
+    from .core import _row as row_of, render_markdown
+
+    if not (folder / "results.json").exists() or not (folder / "table.json").exists():
+        return None
+    table = json.loads((folder / "table.json").read_text())
+    task = all_tasks().get(table.get("task", "")) if isinstance(table, dict) else None
+    if task is None:
+        return None
+    runs = json.loads((folder / "results.json").read_text())
+    variants = {v.label: v for v in task.variants}
+    labels = list(dict.fromkeys(r["variant"] for r in runs))
+    if any(label not in variants for label in labels):
+        return f"variants {', '.join(sorted(set(labels) - set(variants)))} are no longer in {task.name}"
+    rows = [row_of(task, variants[label], [r for r in runs if r["variant"] == label]) for label in labels]
+    return render_markdown(task, rows, table["seeds"]), json.loads(json.dumps(rows, default=float))
+
+
+def table_drift(root: Path = ROOT) -> list[str]:
+    """One line per committed ``table.md`` or ``table.json`` that differs from what its task makes of the
+    ``results.json`` beside it (a task definition changed since the run, or a table edited by hand)."""
+    problems = []
+    for folder in sorted((root / "benchmarks" / "results").glob("*/")):
+        made = regenerated(folder)
+        if isinstance(made, str):
+            problems.append(f"{folder.name}: {made}")
+        elif made is not None:
+            if made[0] != (folder / "table.md").read_text():
+                problems.append(f"{folder.name}/table.md differs from its task's rendering of results.json")
+            if made[1] != json.loads((folder / "table.json").read_text())["rows"]:
+                problems.append(f"{folder.name}/table.json differs from its task's rows of results.json")
     return problems
 
 

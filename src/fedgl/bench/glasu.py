@@ -203,10 +203,10 @@ TASKS: dict[str, BenchTask] = {task.name: task for task in [
     ),
     _task(
         name="glasu-table4",
-        description="GLASU Table 4 (PubMed): stale updates Q = 2, 4, 8, 16: simulated time until validation "
-                    "accuracy first reaches 80% (the paper: test accuracy 82%); test_accuracy is at the round of best "
-                    "validation accuracy.",
-        base={**_COMMON, "eval": {"target_val_accuracy": 0.80, "stop_at_target": True}},
+        description="GLASU Table 4 (PubMed): stale updates Q = 2, 4, 8, 16: simulated time until the test "
+                    "accuracy first reaches 82%, the paper's target (the run stops there); test_accuracy is at the "
+                    "round of best validation accuracy.",
+        base={**_COMMON, "eval": {"target_test_accuracy": 0.82, "stop_at_target": True}},
         variants=[Variant(f"Q={Q}", {**_DATASETS["pubmed"], "protocol.Q": Q, "protocol.batches": 8,
                                      "train.rounds": 48},
                           {**_acc(acc), **({"sim_time_at_target_s": time} if time else {})})

@@ -148,29 +148,3 @@ def decode(content: Any) -> tuple[Any, dict[str, Any]]:
         return _Decoder(raw).tree(json.loads(meta[TREE])), rest
     except (KeyError, TypeError, ValueError, RuntimeError) as err:
         raise ConfigError(f"a Flower message is not a fedgl payload ({str(err).splitlines()[0]})") from None
-
-
-def pack(payload: Any, **meta: Any) -> bytes:
-    """``payload`` and ``meta`` as bytes without pickle (a JSON header, then every tensor's bytes): what a
-    ClientApp and its node's party host exchange."""
-    encoder = _Encoder()
-    tree = encoder.tree(payload)
-    arrays = [[key, dtype, list(shape), len(data)] for key, (dtype, shape, data) in encoder.arrays.items()]
-    header = json.dumps({"tree": tree, "meta": meta, "arrays": arrays}).encode()
-    return b"".join([len(header).to_bytes(8, "little"), header, *(data for _, _, data in encoder.arrays.values())])
-
-
-def unpack(blob: bytes) -> tuple[Any, dict[str, Any]]:
-    """The payload and meta of ``pack``'s bytes; anything else is refused with one line."""
-    try:
-        size = int.from_bytes(blob[:8], "little")
-        header = json.loads(blob[8:8 + size])
-        offset, raw = 8 + size, {}
-        for key, dtype, shape, length in header["arrays"]:
-            raw[str(key)] = (dtype, tuple(shape), blob[offset:offset + length])
-            offset += length
-        if offset != len(blob):
-            raise ValueError("its length does not match its header")
-        return _Decoder(raw).tree(header["tree"]), dict(header["meta"])
-    except (KeyError, TypeError, ValueError, RuntimeError) as err:
-        raise ConfigError(f"a party host message is not a fedgl payload ({str(err).splitlines()[0]})") from None

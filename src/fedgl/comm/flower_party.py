@@ -1,17 +1,14 @@
-"""A party on a Flower SuperNode: the ClientApp side of the ``flower`` backend.
+"""The party host of a Flower SuperNode: the process a node's one party lives in for a whole run.
 
-A SuperNode belongs to one organisation and hosts one party. Its node config names the party and its
-shard file from ``fedgl partition`` (``fedgl-party``, ``fedgl-shard``; ``fedgl-state``: where the party
-keeps its state, default the system's temporary folder). Flower starts a ClientApp process per
-message, while a party may keep live state from one call to the next (GLASU's and nFedGNN's forward
-passes wait for their gradients). So the party lives in a party host, a process the organisation
-starts beside its SuperNode (``fedgl-host``: its Unix socket, readable by the owner only, with a
-random key beside it); each ClientApp hands its message to the host and returns the answer. Without a
-host (Flower's Simulation Engine), the party is made again from its shard for every message and its
-state loaded from and written to its state file, which holds between calls but not across a live
-forward pass. A message ``query.<method>`` calls the party's ``@rpc`` method; the few
-``query._fedgl_*`` actions are the node's own bookkeeping (make the party from its shard, checkpoint,
-hold, roll back). Any other method is refused.
+A SuperNode belongs to one organisation and hosts one party, made from its own shard file from
+``fedgl partition``. Flower starts a ClientApp process per message, while a party may keep live
+state from one call to the next (GLASU's and nFedGNN's forward passes wait for their gradients), so
+the party lives here, in a process the organisation starts beside its SuperNode
+(``flower_setup supernode``; in the Simulation Engine, ``flower_app.simulate`` starts one per
+simulated node). Each ClientApp (``fedgl.flower_relay``) hands its message over an owner-only Unix
+socket with a random key beside it. A message ``query.<method>`` calls the party's ``@rpc`` method;
+the few ``query._fedgl_*`` actions are the node's own bookkeeping (make the party from its shard,
+checkpoint, hold, roll back). Any other method is refused with one line.
 """
 
 from __future__ import annotations
@@ -21,54 +18,40 @@ import os
 import secrets
 import shutil
 import sys
-import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from .. import device as devices
 from ..errors import ConfigError, FedglError
-from .flower_codec import decode, encode, pack, unpack
+from ..flower_relay import ABSENT, REFUSAL, RelayError, from_bytes, to_bytes
+from .flower_codec import decode, encode
 from .party import Party
 from .rpc import spec_of
 from .shard_file import load_party
 
 CONTROL = "_fedgl_"  # prefix of the node's own actions; no @rpc method starts with an underscore
-REFUSED = 600  # the Flower error code of a call the party refused (a one-line reason)
-PARTY, SHARD, STATE, HOST = "fedgl-party", "fedgl-shard", "fedgl-state", "fedgl-host"
 
 
-class Refused(FedglError):
-    """A party host's one-line refusal, passed on as it is."""
+class NotMade(ConfigError):
+    """A call to a party this host has not made for the run: its SuperNode was started again mid-run,
+    so the server counts the party as lost (and may make it again) rather than stopping."""
 
 
 class NodeParty:
-    """The one party of a SuperNode, made from its own shard file for every message."""
+    """The one party of a SuperNode for one run, made from its own shard file, live between messages."""
 
-    def __init__(self, name: str, shard: str, state_dir: str, run_id: int, hosted: bool = False):
-        self.name, self.shard = name, shard
-        self.hosted, self.live = hosted, None  # a host keeps the party itself between calls
+    def __init__(self, name: str, shard: str, state_dir: str, run_id: int):
+        self.name, self.shard, self.live = name, shard, None
         self.folder = Path(state_dir) / f"run-{run_id}"
         self.state, self.held, self.spec = (self.folder / f"{name}{suffix}" for suffix in (".pt", ".held.pt", ".json"))
-
-    @classmethod
-    def from_context(cls, context: Any, shards: str | None = None) -> "NodeParty":
-        """The node's party from its node config; in the simulation engine (nodes numbered by
-        ``partition-id``) from the ``shards`` folder's manifest, party ``partition-id``."""
-        config, run_id = context.node_config, context.run_id
-        state = str(config.get(STATE, Path(tempfile.gettempdir()) / "fedgl-flower"))
-        if PARTY in config and SHARD in config:
-            return cls(str(config[PARTY]), str(config[SHARD]), state, run_id)
-        if shards is not None and "partition-id" in config:
-            party = json.loads((Path(shards) / "manifest.json").read_text())["parties"][int(config["partition-id"])]
-            return cls(party["name"], str(Path(shards) / party["file"]), state, run_id)
-        raise ConfigError(f"this SuperNode's node config names no party: start it with "
-                          f"--node-config '{PARTY}=\"<name>\" {SHARD}=\"<file>\"'")
 
     def _made(self) -> tuple[type[Party], dict[str, Any], dict[str, str]]:
         try:
             spec = json.loads(self.spec.read_text())
         except FileNotFoundError:
-            raise ConfigError(f"party {self.name} was not made on this node for this run") from None
+            raise NotMade(f"party {self.name} was not made on this node for this run") from None
         cls, kwargs = load_party(self.shard, spec["class"], spec["sha256"])
         return cls, kwargs, spec
 
@@ -79,8 +62,7 @@ class NodeParty:
         cls, kwargs, spec = self._made()
         party = cls.create(devices.resolve(spec["device"]), **kwargs)
         party.load(self.state)
-        if self.hosted:
-            self.live = party
+        self.live = party
         return party
 
     def spawn(self, cls_path: str, sha256: str, device: str) -> None:
@@ -98,10 +80,7 @@ class NodeParty:
         if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
             raise ConfigError(f"a call of {method} must carry its arguments by name")
         party = self._party()
-        result, seconds = party.dispatch(method, kwargs)
-        if not self.hosted:
-            party.save(self.state)
-        return result, seconds
+        return party.dispatch(method, kwargs)
 
     def control(self, action: str, meta: dict[str, Any]) -> Any:
         """The node's own bookkeeping; its checkpoints are written and read on this node."""
@@ -143,36 +122,24 @@ def answer(node: NodeParty, action: str, payload: Any, meta: dict[str, Any]) -> 
 
 def _reason(err: BaseException) -> str:
     line = str(err).splitlines()[0] if str(err) else ""
-    return line if isinstance(err, Refused) else f"{type(err).__name__}: {line}"
+    return f"{type(err).__name__}: {line}"
 
 
-def ask_host(socket: str, run_id: int, action: str, payload: Any, meta: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-    """One message to the node's party host."""
-    from multiprocessing.connection import Client
-
-    with Client(socket, family="AF_UNIX", authkey=Path(f"{socket}.key").read_bytes()) as conn:
-        conn.send_bytes(pack(payload, **meta, **{"fedgl-action": action, "fedgl-run": run_id}))
-        result, out = unpack(conn.recv_bytes())
-    if "fedgl-refused" in out:
-        raise Refused(out["fedgl-refused"])
-    return result, out
-
-
-def handle(message: Any, context: Any, shards: str | None = None) -> Any:
-    """Answer one message of the fedgl server: a reply with the result, or a one-line refusal."""
-    from flwr.app import Error, Message
-
-    action = message.metadata.message_type.partition(".")[2]
+def _reply(blob: bytes, nodes: dict[int, NodeParty], name: str, shard: str, state_dir: str) -> bytes:
+    """The host's answer to one ClientApp's bytes; ``nodes`` holds the party of the current run."""
     try:
-        payload, meta = decode(message.content)
-        host = context.node_config.get(HOST)
-        if host:
-            result, out = ask_host(str(host), int(context.run_id), action, payload, meta)
-        else:
-            result, out = answer(NodeParty.from_context(context, shards), action, payload, meta)
-        return Message(encode(result, **out), reply_to=message)
-    except (FedglError, AttributeError, OSError, EOFError) as err:
-        return Message(Error(code=REFUSED, reason=_reason(err)), reply_to=message)
+        content, extra = from_bytes(blob)
+        action, run = str(extra["action"]), int(extra["run"])
+        payload, meta = decode(content)
+        if run not in nodes:  # a new run: the previous one's party is let go
+            nodes.clear()
+            nodes[run] = NodeParty(name, shard, state_dir, run)
+        result, out = answer(nodes[run], action, payload, meta)
+        return to_bytes(encode(result, **out))
+    except NotMade as err:
+        return to_bytes({}, **{ABSENT: _reason(err)})
+    except (FedglError, RelayError, AttributeError, OSError, KeyError) as err:
+        return to_bytes({}, **{REFUSAL: _reason(err)})
 
 
 def serve(socket: str, name: str, shard: str, state_dir: str) -> None:
@@ -198,26 +165,16 @@ def serve(socket: str, name: str, shard: str, state_dir: str) -> None:
                 continue
             with conn:
                 try:
-                    payload, meta = unpack(conn.recv_bytes())
-                    action, run = str(meta.pop("fedgl-action")), int(meta.pop("fedgl-run"))
-                    if run not in nodes:  # a new run: the previous one's party is let go
-                        nodes = {run: NodeParty(name, shard, state_dir, run, hosted=True)}
-                    result, out = answer(nodes[run], action, payload, meta)
-                    reply = pack(result, **out)
-                except (FedglError, AttributeError, OSError, KeyError) as err:
-                    reply = pack(None, **{"fedgl-refused": _reason(err)})
-                conn.send_bytes(reply)
+                    conn.send_bytes(_reply(conn.recv_bytes(), nodes, name, shard, state_dir))
+                except (OSError, EOFError):  # the ClientApp went away before its answer
+                    continue
 
 
-def client_app(shards: str | None = None) -> Any:
-    """The ClientApp of every fedgl party (``shards``: the simulation engine's shard folder)."""
-    from flwr.clientapp import ClientApp
-
-    class PartyApp(ClientApp):
-        def __call__(self, message: Any, context: Any) -> Any:
-            return handle(message, context, shards)
-
-    return PartyApp()
+def _follow(parent: int) -> None:
+    """End the host when the process that started it ends, however it was stopped."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(0)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -228,6 +185,7 @@ def main(argv: list[str] | None = None) -> None:
     for flag in ("--party", "--shard", "--state", "--socket"):
         parser.add_argument(flag, required=True)
     args = parser.parse_args(argv)
+    threading.Thread(target=_follow, args=(os.getppid(),), daemon=True).start()
     serve(args.socket, args.party, str(Path(args.shard).resolve()), args.state)
 
 

@@ -22,12 +22,14 @@ import datetime
 import ipaddress
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from ..errors import ConfigError
 
@@ -110,10 +112,43 @@ def _state(args: argparse.Namespace) -> Path:
     return Path(args.state or Path(tempfile.gettempdir()) / "fedgl-flower" / args.party).resolve()
 
 
-def host_command(args: argparse.Namespace) -> list[str]:
-    """The organisation's party host, beside its SuperNode (``flower_party``)."""
-    return [sys.executable, "-m", "fedgl.comm.flower_party", "--party", args.party, "--shard",
-            str(Path(args.shard).resolve()), "--state", str(_state(args)), "--socket", str(_state(args) / "party.sock")]
+def start_host(party: str, shard: Path, state: Path, env: dict[str, str] | None = None
+               ) -> tuple[subprocess.Popen, Path]:
+    """Start the party host of ``party`` (``flower_party``): its process and its socket in ``state``."""
+    socket = state / "party.sock"
+    socket.unlink(missing_ok=True)
+    command = [sys.executable, "-m", "fedgl.comm.flower_party", "--party", party, "--shard", str(shard.resolve()),
+               "--state", str(state), "--socket", str(socket)]
+    return subprocess.Popen(command, env=env), socket
+
+
+def wait_host(host: subprocess.Popen, socket: Path, party: str) -> None:
+    """Wait until the host listens: a SuperNode takes messages only once its host answers them."""
+    while not socket.exists():
+        if host.poll() is not None:
+            raise ConfigError(f"the party host of {party} stopped (exit code {host.returncode})")
+        time.sleep(0.2)
+
+
+def stop(*procs: subprocess.Popen | None) -> None:
+    for proc in procs:
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            proc.wait()
+
+
+@contextmanager
+def party_hosts(shards: Path, parties: list[dict], state: Path) -> Iterator[list[str]]:
+    """One party host per manifest entry of ``parties`` on this machine; their sockets, in order."""
+    started: list[tuple[subprocess.Popen, Path, str]] = []
+    try:
+        for party in parties:
+            started.append((*start_host(party["name"], shards / party["file"], state / party["name"]), party["name"]))
+        for host, socket, name in started:
+            wait_host(host, socket, name)
+        yield [str(socket) for _, socket, _ in started]
+    finally:
+        stop(*(host for host, _, _ in started))
 
 
 def supernode_command(args: argparse.Namespace) -> list[str]:
@@ -198,6 +233,9 @@ def _parser() -> argparse.ArgumentParser:
     for flag in ("--party", "--shard", "--key", "--ca", "--superlink"):
         p.add_argument(flag, required=flag != "--ca")
     p.add_argument("--state", default=None)
+    p.add_argument("--rejoin-timeout", type=float, default=120.0,
+                   help="seconds after the start to keep starting the SuperNode again when it fails (after a "
+                        "crash the SuperLink refuses the same key for up to a minute)")
     p = sub.add_parser("register")
     p.add_argument("public_key")
     p.add_argument("--flwr-home", required=True)
@@ -242,18 +280,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = dict(os.environ, **({"FLWR_HOME": str(Path(args.flwr_home).resolve())} if "flwr_home" in args else {}))
     if args.step != "supernode":
         return subprocess.call(command, env=env)
-    host = subprocess.Popen(host_command(args), env=env)  # the party lives here, beside the SuperNode
+    return supernode(args, command, env)
+
+
+def supernode(args: argparse.Namespace, command: list[str], env: dict[str, str]) -> int:
+    """The SuperNode and, beside it, its party host; stopping this process (SIGTERM too) stops both."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    host, socket = start_host(args.party, Path(args.shard), _state(args), env)  # the party lives here
+    node = None
     try:
-        socket = _state(args) / "party.sock"
-        socket.unlink(missing_ok=True)
-        while not socket.exists():  # the SuperNode takes messages only once its host answers them
-            if host.poll() is not None:
-                print(f"error: the party host of {args.party} stopped (exit code {host.returncode})", file=sys.stderr)
-                return 2
-            time.sleep(0.2)
-        return subprocess.call(command, env=env)
+        wait_host(host, socket, args.party)
+        deadline = time.monotonic() + args.rejoin_timeout
+        while True:
+            node = subprocess.Popen(command, env=env)
+            code = node.wait()
+            if code == 0 or time.monotonic() > deadline:
+                return code
+            # Refused at the start (Flower's exit code says no more): most often the SuperLink still
+            # counts this key's crashed SuperNode online, until its heartbeats lapse (60 s). Ask again.
+            time.sleep(5.0)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     finally:
-        host.terminate()
+        stop(node, host)
 
 
 if __name__ == "__main__":

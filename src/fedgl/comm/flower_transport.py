@@ -2,10 +2,11 @@
 messages to the SuperNode of the party's organisation.
 
 Every ``@rpc`` call is one message ``query.<method>`` to the party's node, its payload encoded without
-pickle (``flower_codec``); the party answers in its ClientApp (``flower_party``). Measuring happens
-before dispatch, in the shared ``Transport``, so the ledger is the one the in-process run writes. A
-node that stops answering (Flower reports it unavailable, or no reply comes within the reply timeout)
-is a lost party: the runner applies ``backend.on_client_failure``.
+pickle (``flower_codec``); the node's ClientApp (``fedgl.flower_relay``) hands it to the party host the
+party lives in (``flower_party``), which answers. Measuring happens before dispatch, in the shared
+``Transport``, so the ledger is the one the in-process run writes. A node that stops answering (Flower
+reports it unavailable, or no reply comes within the reply timeout), or that was started again and no
+longer holds the party, is a lost party: the runner applies ``backend.on_client_failure``.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from ..errors import ConfigError, PartyFailure
+from ..flower_relay import REFUSED
 from .flower_codec import decode, encode
-from .flower_party import CONTROL, REFUSED
+from .flower_party import CONTROL
 from .network import NetworkModel
 from .party import Party
 from .transport import Transport

@@ -37,6 +37,12 @@ class Party:
         self.seed = seed
 
     @classmethod
+    def dealt(cls, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The constructor arguments of these parties with what the driver adds as it places their
+        shards (secure aggregation's identities, ``protocols.aggregation``): nothing by default."""
+        return configs
+
+    @classmethod
     def create(cls, device: torch.device = CPU, **kwargs: Any) -> "Party":
         """Construct under the party's own seed, so model initialisation does not depend on the host,
         with its data on its ``device``."""

@@ -6,7 +6,8 @@ the GCS, raylet, object manager, worker, agent and metrics listeners; the dashbo
 Ray a run starts, joins (``backend.address``) or finds already started must enforce Ray's token
 authentication (``RAY_AUTH_MODE=token``, Ray 2.52 or later): a call to its GCS without the token
 must be refused. A run refuses a Ray that answers it, unless the config opts out
-(``backend.ray_auth: none``).
+(``backend.ray_auth: none``). The token is only as secret as its file: Ray writes it readable by
+every local user, so a run narrows the file to its owner (``protect_token_file``).
 """
 
 from __future__ import annotations
@@ -68,7 +69,20 @@ def init_ray(ray: Any, address: str | None, timeout_s: float, auth: str = "token
         if owns:
             ray.shutdown()
         raise
+    if auth == "token":
+        protect_token_file()
     return owns
+
+
+def protect_token_file(path: str | None = None) -> None:
+    """Make the Ray token file (``RAY_AUTH_TOKEN_PATH``, else ``~/.ray/auth_token``) readable by its
+    owner only: with the token any local user could connect to the instance and read its parties."""
+    path = path or os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
+    try:
+        if os.stat(path).st_mode & 0o077:
+            os.chmod(path, 0o600)
+    except FileNotFoundError:  # the token came from RAY_AUTH_TOKEN
+        pass
 
 
 def _start_local(ray: Any, auth: str) -> None:

@@ -47,9 +47,17 @@ def load_party(path: str | Path, expected: str, sha256: str) -> tuple[type[Party
         cls = own_class(saved["class"])
         if not issubclass(cls, Party):
             raise StateMismatch(f"{saved['class']} is not a party")
-        return cls, restore(None, saved["kwargs"])
+        return cls, own_files(path, restore(None, saved["kwargs"]))
     except (KeyError, TypeError, StateMismatch) as err:
         raise ConfigError(f"party shard {path} does not fit ({first_line(err)})") from None
+
+
+def own_files(path: str | Path, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The constructor arguments with a file the shard names (``identity``: the party's private key,
+    never in the shard itself) resolved in the party's own folder, beside its file: ``<name>/``."""
+    if isinstance(kwargs, dict) and isinstance(kwargs.get("identity"), str):
+        kwargs["identity"] = str(Path(path).with_suffix("") / Path(kwargs["identity"]).name)
+    return kwargs
 
 
 def load_evaluator(path: str | Path, sha256: str) -> Evaluator:

@@ -77,7 +77,7 @@ class Transport:
     def spawn(self, cls: type[Party], configs: Sequence[dict[str, Any]]) -> list[str]:
         """Create one party per config (each must hold a unique ``name``); placing private data is not a message."""
         names = []
-        for kwargs in configs:
+        for kwargs in cls.dealt([dict(kwargs) for kwargs in configs]):
             name = kwargs["name"]
             if name in self._classes or name == SERVER:
                 raise ValueError(f"party name {name!r} is taken")

@@ -52,6 +52,8 @@ class PartitionConfig(Section):
     alpha: float = Field(0.5, gt=0, description="Dirichlet label-skew concentration")
     edge_drop: float = Field(0.0, ge=0, lt=1, description="horizontal: drop ratio of intra-client edges")
     cross_edge_drop: float = Field(0.0, ge=0, lt=1, description="horizontal: drop ratio of cross-client edges")
+    drop_unit: Literal["pair", "entry"] = Field("pair", description=(
+        "horizontal: what one drop draw decides: a node pair, or each direction (a pair stays while either does)"))
     client_nodes: Literal["all", "train", "train+val"] = Field("all", description=(
         "horizontal: which nodes clients own; the others (held out) are owned by no client"))
     edge_keep: float = Field(0.8, gt=0, le=1, description="vertical: share of edges each client keeps")
@@ -76,13 +78,24 @@ class TrainConfig(Section):
 class EvalConfig(Section):
     every: int = Field(1, ge=1)
     target_val_accuracy: float | None = Field(None, gt=0, le=1)
+    target_test_accuracy: float | None = Field(None, gt=0, le=1, description=(
+        "a target on test accuracy instead, for a paper that states its target so (GLASU's Table 4); "
+        "a run stopped by it has looked at the test split"))
     stop_at_target: bool = False
 
     @model_validator(mode="after")
     def _target(self):
-        if self.stop_at_target and self.target_val_accuracy is None:
-            raise ValueError("stop_at_target needs target_val_accuracy")
+        if self.target_val_accuracy is not None and self.target_test_accuracy is not None:
+            raise ValueError("set one of target_val_accuracy and target_test_accuracy, not both")
+        if self.stop_at_target and self.target() is None:
+            raise ValueError("stop_at_target needs target_val_accuracy or target_test_accuracy")
         return self
+
+    def target(self) -> tuple[str, float] | None:
+        """The metric a target applies to and its value, if one is set."""
+        if self.target_test_accuracy is not None:
+            return "test_accuracy", self.target_test_accuracy
+        return None if self.target_val_accuracy is None else ("val_accuracy", self.target_val_accuracy)
 
 
 class PartyPlacement(Section):

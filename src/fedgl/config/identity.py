@@ -23,8 +23,13 @@ RESUMABLE_CHANGES = ("train.rounds", "checkpoint_every", "threads", "device", "b
 # Keys added after hashes were first written, each with the value runs made before it behaved as: a
 # config holding that value hashes as it did before the key existed, so older checkpoints and shard
 # folders still load, and only where they computed the same thing. (DP noise was drawn from the seed;
-# nFedGNN's penalty was Eq. 6 as written and its users stepped at train.lr.)
-ADDED_KEYS = {"privacy.dp.replayable_noise": True, "protocol.regulariser": "raw", "protocol.user_lr": None}
+# nFedGNN's penalty was Eq. 6 as written and its users stepped at train.lr; a target was on validation
+# accuracy; edge drops decided node pairs. Secure aggregation had no collusion setting, and how clients get
+# their identity table changes the set-up messages only, never what a run computes.)
+ADDED_KEYS = {"privacy.dp.replayable_noise": True, "protocol.regulariser": "raw", "protocol.user_lr": None,
+              "eval.target_test_accuracy": None, "partition.drop_unit": "pair",
+              "privacy.secure_aggregation.collusion": 0, "privacy.secure_aggregation.identities": "relayed",
+              "privacy.secure_aggregation.roster": None}
 
 
 def flat_config(cfg: RunConfig) -> dict[str, Any]:

@@ -99,6 +99,9 @@ def load_dataset(name: str, root: str | None = None, *, split: str = "default", 
     graph, shared = _graph(name, root, cache_dir, seed, synthetic_options)
     fixed = ((graph.train_mask, graph.val_mask, graph.test_mask)
              if "train_mask" in graph else None)
+    if request.kind not in ("fixed", "default") and bool((graph.y < 0).any()):
+        raise DataError(f"dataset {name!r} has {int((graph.y < 0).sum())} unlabelled nodes (label -1); only "
+                        f"its shipped split ('default' or 'public') leaves them out, not {split!r}")
     spec = DATASETS.get(name)
     train, val, test = split_masks(
         graph.y, request, seed=seed, dataset=name, fixed=fixed,

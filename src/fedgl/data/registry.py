@@ -28,6 +28,9 @@ import torch
 from torch_geometric.data import Data
 from torch_geometric.utils import coalesce, remove_self_loops, to_undirected
 
+from fedgl.data.herigraph import CITIES as HERIGRAPH_CITIES
+from fedgl.data.herigraph import herigraph_file
+from fedgl.data.ogb_raw import ogb_files
 from fedgl.errors import DataError
 
 DOWNLOAD_TIMEOUT = 10.0
@@ -87,6 +90,26 @@ def _npz(loader: str, folder: str, name: str, file: str, alias: str) -> DatasetS
                        kwargs={"name": name}, aliases=(alias,))
 
 
+def _saint(name: str, detail: str = "") -> DatasetSpec:
+    """A GraphSAINT-format graph (Flickr, Yelp): one folder of four raw files, a shipped split."""
+    return DatasetSpec(f"torch_geometric.datasets.{name.lower()}:{name}", name.lower(), "",
+                       ("raw/adj_full.npz", "raw/feats.npy", "raw/class_map.json", "raw/role.json"),
+                       fixed_split="public", detail=detail)
+
+
+def _ogb(name: str, undirected: bool = True, detail: str = "") -> DatasetSpec:
+    """An OGB node-property graph, read from OGB's folder layout without the ``ogb`` package."""
+    return DatasetSpec("fedgl.data.ogb_raw:OgbNodeDataset", "ogb", name.replace("-", "_"), ogb_files(name),
+                       kwargs={"name": name}, undirected=undirected, fixed_split="public",
+                       aliases=(name.removeprefix("ogbn-"),), detail=detail)
+
+
+def _herigraph(city: str) -> DatasetSpec:
+    return DatasetSpec("fedgl.data.herigraph:HeriGraph", "herigraph", city, (herigraph_file(city),),
+                       kwargs={"name": city}, fixed_split="public", aliases=(f"herigraph-{city.lower()}",),
+                       detail="fedgl's one-file format: union of the temporal, social and spatial subgraphs")
+
+
 DATASETS: dict[str, DatasetSpec] = {
     "cora": _planetoid("Cora"),
     "citeseer": _planetoid("CiteSeer"),
@@ -105,16 +128,12 @@ DATASETS: dict[str, DatasetSpec] = {
                           aliases=("wiki-cs",), detail="20 fixed splits"),
     "reddit": DatasetSpec("torch_geometric.datasets.reddit:Reddit", "reddit", "",
                           ("raw/reddit_data.npz", "raw/reddit_graph.npz"), fixed_split="public"),
-    "flickr": DatasetSpec("torch_geometric.datasets.flickr:Flickr", "flickr", "",
-                          ("raw/adj_full.npz", "raw/feats.npy", "raw/class_map.json",
-                           "raw/role.json"), fixed_split="public"),
-    "ogbn-arxiv": DatasetSpec(
-        "ogb.nodeproppred:PygNodePropPredDataset", "ogb", "ogbn_arxiv",
-        ("RELEASE_v1.txt", "raw/edge.csv.gz", "raw/node-feat.csv.gz", "raw/node-label.csv.gz",
-         "raw/num-node-list.csv.gz", "raw/num-edge-list.csv.gz", "split/time/train.csv.gz",
-         "split/time/valid.csv.gz", "split/time/test.csv.gz"),
-        kwargs={"name": "ogbn-arxiv"}, undirected=False, fixed_split="public",
-        aliases=("arxiv",), detail="directed, OGB time split"),
+    "flickr": _saint("Flickr"),
+    "yelp": _saint("Yelp", detail="multi-label (100 labels per node): refused by fedgl's single-label "
+                                  "protocols"),
+    "ogbn-arxiv": _ogb("ogbn-arxiv", undirected=False, detail="directed, OGB time split"),
+    "ogbn-products": _ogb("ogbn-products", detail="OGB sales-ranking split"),
+    **{city.lower(): _herigraph(city) for city in HERIGRAPH_CITIES},
 }
 
 
@@ -385,7 +404,7 @@ def read_graph(name: str, root: str | None = None, cache_dir: str | None = None)
         if _inside(exc.filename, cache):
             raise _cache_failure(exc, cache) from exc
         raise DataError(f"could not read dataset {name!r}: {_one_line(exc)}") from exc
-    return _normalise(spec, dataset)
+    return _normalise(name, spec, dataset)
 
 
 def _fixed_masks(dataset: object, data: Data) -> tuple[torch.Tensor, ...]:
@@ -407,8 +426,18 @@ def _fixed_masks(dataset: object, data: Data) -> tuple[torch.Tensor, ...]:
     )
 
 
-def _normalise(spec: DatasetSpec, dataset: object) -> Data:
+def _single_label(name: str, y: torch.Tensor) -> torch.Tensor:
+    """``y`` as one class per node; a multi-label target (``[N, C]`` 0/1) is refused in one line."""
+    if y.dim() == 2 and y.size(1) > 1:
+        per_node = float(y.float().sum(1).mean())
+        raise DataError(f"dataset {name!r} is multi-label ({y.size(1)} labels, {per_node:.2f} per node on "
+                        f"average); fedgl's protocols train single-label classifiers and cannot use it")
+    return y.view(-1).long()
+
+
+def _normalise(name: str, spec: DatasetSpec, dataset: object) -> Data:
     data = dataset[0]
+    y = _single_label(name, data.y)
     num_nodes = data.num_nodes
     x = data.x.to_dense() if data.x.is_sparse else data.x
     edge_index, _ = remove_self_loops(data.edge_index.long())
@@ -416,7 +445,7 @@ def _normalise(spec: DatasetSpec, dataset: object) -> Data:
         edge_index = to_undirected(edge_index, num_nodes=num_nodes)
     else:
         edge_index = coalesce(edge_index, num_nodes=num_nodes)
-    graph = Data(x=x.to(torch.float32), y=data.y.view(-1).long(), edge_index=edge_index)
+    graph = Data(x=x.to(torch.float32), y=y, edge_index=edge_index)
     if spec.fixed_split:
         graph.train_mask, graph.val_mask, graph.test_mask = _fixed_masks(dataset, data)
     return graph

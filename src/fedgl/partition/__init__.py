@@ -20,7 +20,8 @@ def horizontal_from_config(data: Data, p, seed: int) -> HorizontalPartition:
     """The horizontal partition a run's ``partition`` section ``p`` describes, read by field name:
     partitioning imports nothing from the config layer above it."""
     return partition_horizontal(data, p.num_clients, p.method, seed=seed, alpha=p.alpha, edge_drop=p.edge_drop,
-                                cross_edge_drop=p.cross_edge_drop, client_nodes=p.client_nodes)
+                                cross_edge_drop=p.cross_edge_drop, client_nodes=p.client_nodes,
+                                drop_unit=p.drop_unit)
 
 
 __all__ = [

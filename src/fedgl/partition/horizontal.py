@@ -46,6 +46,9 @@ _MAX_DIRICHLET_DRAWS = 100
 # Louvain communities larger than this multiple of the mean client size are cut into pieces.
 _LOUVAIN_CAP = 1.5
 
+# What one edge-drop draw decides: a node pair (both directions), or each direction on its own.
+DROP_UNITS = ("pair", "entry")
+
 # The nodes clients may own (``client_nodes``), and their name in messages.
 _CLIENT_NODES: dict[str, tuple[Callable[[GraphTensors], Tensor], str]] = {
     "all": (lambda g: torch.ones(g.num_nodes, dtype=torch.bool), "nodes"),
@@ -64,13 +67,16 @@ def partition_horizontal(
     edge_drop: float = 0.0,
     cross_edge_drop: float = 0.0,
     client_nodes: str = "all",
+    drop_unit: str = "pair",
 ) -> HorizontalPartition:
     """Split the client nodes of ``data`` (``client_nodes``: all, train, train+val) among
     ``num_clients`` clients; nodes left out get ``owner == -1`` and go to the server shard.
 
     ``alpha`` is the Dirichlet concentration (method "dirichlet"). ``edge_drop`` removes each
     undirected intra-client edge with that probability, ``cross_edge_drop`` each undirected
-    cross-client edge (both directions together, one seeded draw per node pair).
+    cross-client edge. ``drop_unit`` says what one seeded draw decides: ``pair`` (both directions
+    together) or ``entry`` (each direction on its own; the pair stays while either direction does, so
+    a drop p removes a pair with probability p², as a per-entry drop then symmetrised would).
     """
     graph = graph_tensors(data)
     if client_nodes not in _CLIENT_NODES:
@@ -87,6 +93,8 @@ def partition_horizontal(
             raise PartitionError(f"{name} must be in [0, 1), got {value}")
     if not alpha > 0:
         raise PartitionError(f"alpha must be > 0, got {alpha}")
+    if drop_unit not in DROP_UNITS:
+        raise PartitionError(f"unknown drop_unit {drop_unit!r}; allowed: {', '.join(DROP_UNITS)}")
     edge_index, y = graph.edge_index, graph.y
     if client_nodes != "all":  # the assigners see the subgraph induced by the client nodes, relabelled
         edge_index = subgraph(members, edge_index, relabel_nodes=True, num_nodes=graph.num_nodes)[0]
@@ -97,7 +105,7 @@ def partition_horizontal(
         raise PartitionError(f"method {method!r} left client(s) {empty} without nodes; use fewer clients")
     owner = torch.full((graph.num_nodes,), -1, dtype=torch.long)
     owner[members] = assigned
-    return _build(graph, owner, num_clients, method, edge_drop, cross_edge_drop, seed)
+    return _build(graph, owner, num_clients, method, (edge_drop, cross_edge_drop, drop_unit), seed)
 
 
 def _assign_metis(edge_index: Tensor, y: Tensor, num_clients: int, seed: int, alpha: float) -> np.ndarray:
@@ -259,11 +267,10 @@ _ASSIGNERS: dict[str, Callable[[Tensor, Tensor, int, int, float], np.ndarray]] =
 
 
 def _build(
-    graph: GraphTensors, owner: Tensor, num_clients: int, method: str, edge_drop: float, cross_edge_drop: float,
-    seed: int,
+    graph: GraphTensors, owner: Tensor, num_clients: int, method: str, drops: tuple[float, float, str], seed: int,
 ) -> HorizontalPartition:
     """Cut the graph tensors along ``owner`` (-1: held out) into per-client shards, the server
-    shard and the server's routing table."""
+    shard and the server's routing table; ``drops`` is (edge_drop, cross_edge_drop, drop_unit)."""
     num_nodes = graph.num_nodes
     owned = (owner >= 0).nonzero().flatten()
     owned_owner = owner[owned]
@@ -274,7 +281,7 @@ def _build(
     local_index[nodes_by_client] = torch.arange(owned.numel()) - starts[owner[nodes_by_client]]
 
     intra_local, intra_counts, cross, cross_counts, before_drop = _cut_edges(
-        graph, owner, local_index, num_clients, edge_drop, cross_edge_drop, seed)
+        graph, owner, local_index, num_clients, drops, seed)
     size_list = sizes.tolist()
     node_chunks = torch.split(nodes_by_client, size_list)
     intra_chunks = torch.split(intra_local, intra_counts.tolist(), dim=1)
@@ -317,8 +324,8 @@ def _build(
                                server_shard=_server_shard(graph, held_out) if held_out.numel() else None)
 
 
-def _cut_edges(graph: GraphTensors, owner: Tensor, local_index: Tensor, num_clients: int, edge_drop: float,
-               cross_edge_drop: float, seed: int) -> tuple[Tensor, Tensor, Tensor, Tensor, tuple[list, list]]:
+def _cut_edges(graph: GraphTensors, owner: Tensor, local_index: Tensor, num_clients: int,
+               drops: tuple[float, float, str], seed: int) -> tuple[Tensor, Tensor, Tensor, Tensor, tuple[list, list]]:
     """The kept intra-client edges in local ids grouped by client, the kept cut entries (target's local
     id, source's global id) grouped by the target's owner, their counts per client, and both counts per
     client before the drop."""
@@ -327,9 +334,11 @@ def _cut_edges(graph: GraphTensors, owner: Tensor, local_index: Tensor, num_clie
     both_owned = (owner[src] >= 0) & (owner[dst] >= 0)
     intra = both_owned & (owner[src] == owner[dst])
     cut_mask = both_owned & (owner[src] != owner[dst])
+    edge_drop, cross_edge_drop, drop_unit = drops
     kept, cut_kept = intra, cut_mask
     if edge_drop > 0 or cross_edge_drop > 0:
-        draws = pair_draws(graph.edge_index, num_nodes, torch.Generator().manual_seed(seed))
+        draws = pair_draws(graph.edge_index, num_nodes, torch.Generator().manual_seed(seed),
+                           per_entry=drop_unit == "entry")
         kept = intra & (draws < 1.0 - edge_drop)
         cut_kept = cut_mask & (draws < 1.0 - cross_edge_drop)
     intra_edges = graph.edge_index[:, kept]

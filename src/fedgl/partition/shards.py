@@ -295,15 +295,19 @@ def check_num_clients(num_clients: int, available: int, unit: str) -> None:
         )
 
 
-def pair_draws(edge_index: Tensor, num_nodes: int, generator: torch.Generator) -> Tensor:
+def pair_draws(edge_index: Tensor, num_nodes: int, generator: torch.Generator, per_entry: bool = False) -> Tensor:
     """One U(0, 1) draw per unordered node pair, repeated on each of its entries (both directions).
 
     Thresholding the draws keeps an undirected graph undirected and never adds a reverse edge to a
     directed one. Draws are indexed by the sorted pair keys, so they do not depend on edge order.
+    ``per_entry``: each direction of a pair draws on its own and the pair takes the smaller draw, so a
+    threshold keeps the pair while either direction would be kept.
     """
     low = torch.minimum(edge_index[0], edge_index[1])
     high = torch.maximum(edge_index[0], edge_index[1])
     keys, pair_of_edge = torch.unique(low * num_nodes + high, return_inverse=True)
+    if per_entry:
+        return torch.rand(keys.numel(), 2, generator=generator).amin(dim=1)[pair_of_edge]
     return torch.rand(keys.numel(), generator=generator)[pair_of_edge]
 
 

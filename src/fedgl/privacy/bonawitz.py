@@ -41,6 +41,13 @@ NONCE = 12
 SEALED = NONCE + 2 * shamir.SHARE_BYTES + 16  # nonce, the two shares, the AEAD tag
 
 
+def valid_threshold(threshold: int, clients: int, collusion: int = 0) -> bool:
+    """Whether t-of-``clients`` protects against a server colluding with ``collusion`` clients: with
+    t <= (n + c) / 2 the server and its c clients could complete two disjoint consent sets (each with
+    its own survivor list) and unmask a client's input; with t <= c they would reconstruct alone."""
+    return threshold >= 2 and 2 * threshold > clients + collusion and threshold > collusion
+
+
 def pair_mask(secret: bytes, size: int, label: int) -> Tensor:
     return stream(secret, size, b"fedgl secagg pair mask", label)
 
@@ -91,13 +98,15 @@ class Session:
 @dataclass
 class SecAggClient:
     """One client's side of the dropout-tolerant protocol: its long-term identity, the trusted table
-    of every client's identity key, the round indices it has used and the current round's session."""
+    of every client's identity key, the round indices it has used, the current round's session and
+    how many clients may collude with the server (``collusion``, which the threshold must outweigh)."""
 
     index: int
     identity: Identity
     peers: list[bytes] = field(default_factory=list)
     guard: LabelGuard | None = None
     session: Session | None = None
+    collusion: int = 0
 
     @classmethod
     def create(cls, index: int) -> "SecAggClient":
@@ -144,8 +153,9 @@ class SecAggClient:
 
     def _share_keys(self, u1: list[int], raw: bytes, threshold: int) -> Tensor:
         session = self.session
-        if threshold < 2 or 2 * threshold <= len(u1):  # two disjoint halves could each unmask a different list
-            raise self.refuse(f"a threshold of {threshold} for {len(u1)} clients (it must exceed half of them)")
+        if not valid_threshold(threshold, len(u1), self.collusion):
+            raise self.refuse(f"a threshold of {threshold} for {len(u1)} clients (it must exceed half of them plus "
+                              f"the {self.collusion} that may collude, and {self.collusion})")
         check_participants(u1, len(self.peers), self.index, max(threshold, MIN_PARTICIPANTS), f"client {self.index}")
         for k, j in enumerate(u1):
             row = raw[k * SIGNED_KEYS : (k + 1) * SIGNED_KEYS]

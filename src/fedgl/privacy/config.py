@@ -7,9 +7,9 @@ imports nothing from the protocols, so ``fedgl.config`` can use it.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import AfterValidator, ConfigDict, Field, ValidationInfo
+from pydantic import AfterValidator, ConfigDict, Field, ValidationInfo, model_validator
 
 from ..errors import ConfigError
 from ..options import Settings
@@ -57,27 +57,48 @@ class DPConfig(Settings):
 
 
 class SecureAggregationConfig(Settings):
-    """Secure aggregation with its dropout threshold (``secure_aggregation: true`` is this with the default)."""
+    """Secure aggregation with its dropout threshold (``secure_aggregation: true`` is this with the defaults)."""
 
     threshold: int | None = Field(None, ge=2, description=(
         "clients that must stay to the end of a secure sum for it to be unmasked (fewer stop the round); "
-        "default: more than half of the round's clients"))
+        "it must exceed (n + collusion) / 2 and collusion, n the round's clients; default: the smallest such"))
+    collusion: int = Field(0, ge=0, description=(
+        "clients that may collude with the server: the threshold must exceed (n + collusion) / 2 and collusion"))
+    identities: Literal["pinned", "relayed"] = Field("pinned", description=(
+        "pinned: every client pins the roster of identity keys it gets outside the server (the driver as it "
+        "places the shards, or its shard file) and refuses any other; relayed: the server collects and relays "
+        "the table (trust on first use: a server that substitutes it can unmask; for comparison only)"))
+    roster: str | None = Field(None, description=(
+        "a federation's own roster file (`fedgl keys roster`), pinned by `fedgl partition` instead of keys it "
+        "makes; each organisation keeps its private key beside its shard (`fedgl keys new`)"))
+
+    @model_validator(mode="after")
+    def _pinned_roster(self) -> "SecureAggregationConfig":
+        if self.roster is not None and self.identities != "pinned":
+            raise ConfigError("privacy.secure_aggregation.roster is pinned by its clients: it needs identities: pinned")
+        return self
 
 
 class PrivacyConfig(Settings):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
     secure_aggregation: SecureAggregationConfig | bool = Field(False, union_mode="left_to_right", description=(
         "additive masks: the server sees only masked sums (Swift: not even those); true, or "
-        "{threshold: t} for the clients that must stay to the end of a sum"))
+        "{threshold: t, collusion: c, identities: pinned | relayed, roster: path}"))
     dp: DPConfig | None = Field(None, description="differential privacy on model updates and exchanged "
                                                  "embeddings; null = off")
     record_messages: bool = Field(False, description=(
         "write every message's payload to <out>/messages/ so `fedgl audit` can attack what crossed"))
 
+    def secure_settings(self) -> SecureAggregationConfig:
+        """The secure-aggregation settings (``true`` gives the defaults)."""
+        value = self.secure_aggregation
+        return value if isinstance(value, SecureAggregationConfig) else SecureAggregationConfig()
+
     def secure_threshold(self, clients: int) -> int:
-        """The threshold of a secure sum over ``clients``: the configured one, else a majority."""
-        configured = getattr(self.secure_aggregation, "threshold", None)
-        return configured if configured is not None else clients // 2 + 1
+        """The threshold of a secure sum over ``clients``: the configured one, else the smallest that
+        exceeds (clients + collusion) / 2 (and so the collusion, for any collusion below ``clients``)."""
+        settings = self.secure_settings()
+        return settings.threshold if settings.threshold is not None else (clients + settings.collusion) // 2 + 1
 
     def requested(self) -> list[str]:
         """The options this section turns on."""

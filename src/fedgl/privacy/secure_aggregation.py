@@ -1,20 +1,15 @@
-"""Secure aggregation's fixed-point ring and its pairwise masks without dropout recovery.
+"""Secure aggregation's fixed-point ring, the checks every masking client makes, and one-way masks.
 
-Each client encodes its vector in fixed point as int64 and adds, for every other participant j of the
-round, ``+mask(s_ij)`` if i < j else ``-mask(s_ij)``. All arithmetic is in the ring Z_2^64 (int64 with
-wrap-around), so the masks cancel exactly in the server's sum, which decodes to the plain sum; each
-masked vector alone is uniform over the ring whatever the data. The pairwise secret s_ij is the whole
-32-byte X25519 output between i's and j's keys (published through the server); every mask is that
-secret through HKDF-SHA256 with the message's index, expanded with ChaCha20 (``masks``), and a client
-refuses an index it has masked under before.
+Fixed point: a value x is ``round(x * 2^FRACTION_BITS)``, multiplied by the client's integer weight, as
+int64; all arithmetic is in the ring Z_2^64 (int64 with wrap-around), so masks added by the clients
+cancel or are removed exactly and the server decodes the plain sum. A sum of n messages cannot
+overflow when every message has magnitude below 2^63 / n; ``encode`` checks that bound (``limit``)
+and refuses a larger value instead of wrapping it.
 
-``MaskingClient`` has no recovery: a participant lost after the keys are agreed leaves its masks in
-the sum. The dropout-tolerant protocol with a threshold (Bonawitz et al., CCS 2017: double masking,
-Shamir shares, signed keys) is ``bonawitz`` and its transport flow ``fedgl.protocols.aggregation``.
-
-Fixed point: a value x is ``round(x * 2^FRACTION_BITS)``, multiplied by the client's integer weight.
-A sum of n messages cannot overflow when every message has magnitude below 2^63 / n; ``encode``
-checks that bound (``limit``) and refuses a larger value instead of wrapping it.
+The dropout-tolerant sum with a threshold (Bonawitz et al., CCS 2017: double masking, Shamir shares,
+signed keys) is ``bonawitz``, its transport flow ``fedgl.protocols.aggregation``; it takes its pairwise
+secret (``pair_secret``: the whole 32-byte X25519 output, bound to its use by HKDF) and its refusal
+of a bad participant list (``check_participants``) from here.
 
 ``RequestMasking`` is the one-way variant for sums whose total must stay hidden from the server too
 (Swift's cross-client sums): each vector is masked for its recipient only, and the recipient, not the
@@ -28,7 +23,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ..comm import Transport, rpc
 from ..errors import RunFailed
 from .masks import KeyPair, LabelGuard, default_key_agreement, derive, stream
 
@@ -82,78 +76,6 @@ def decode(total: Tensor) -> Tensor:
 def ring_sum(masked: Tensor) -> Tensor:
     """The server's sum of the clients' int64 rows (``[k, D]``), wrapping in Z_2^64."""
     return masked.sum(0, dtype=torch.int64)
-
-
-@dataclass
-class MaskingClient:
-    """One client's side of pairwise masking: its key pair, its id among the clients, the pairwise
-    secrets derived from the published public keys and the indices it has masked under."""
-
-    index: int
-    keys: KeyPair
-    pair_secrets: dict[int, bytes] = field(default_factory=dict)
-    num_clients: int = 0
-    guard: LabelGuard | None = None
-
-    def __post_init__(self) -> None:
-        self.guard = self.guard or LabelGuard(f"client {self.index}")
-
-    @classmethod
-    def create(cls, index: int, scheme: str | None = None) -> "MaskingClient":
-        return cls(index, KeyPair.generate(scheme))
-
-    def public_key(self) -> Tensor:
-        return torch.frombuffer(bytearray(self.keys.public()), dtype=torch.uint8)
-
-    def agree(self, public_keys: Tensor) -> None:
-        """Derive s_ij with every other client from the relayed table (row j = client j's public key)."""
-        table = public_keys.to(torch.uint8).cpu().numpy().tobytes()
-        width = public_keys.size(1)
-        self.num_clients = public_keys.size(0)
-        self.pair_secrets = {j: pair_secret(self.keys.shared(table[j * width : (j + 1) * width]))
-                             for j in range(self.num_clients) if j != self.index}
-
-    def mask(self, encoded: Tensor, participants: Tensor | None, round_index: int) -> Tensor:
-        """``encoded`` plus the pairwise masks with every other participant of this round (ids;
-        None = every client); a second message under the same ``round_index`` is refused."""
-        if not self.num_clients:
-            raise RunFailed(f"secure aggregation: client {self.index} has no pairwise secrets (no key exchange)")
-        peers = list(range(self.num_clients)) if participants is None else participants.tolist()
-        check_participants(peers, self.num_clients, self.index, MIN_PARTICIPANTS, f"client {self.index}")
-        self.guard.claim(round_index)
-        out = encoded.cpu().clone()  # masks are drawn on the CPU, where the message leaves from
-        for j in peers:
-            if j != self.index:
-                noise = stream(self.pair_secrets[j], out.numel(), b"fedgl pairwise mask", round_index)
-                out += (noise if self.index < j else -noise).view(out.shape)
-        return out.to(encoded.device)
-
-
-def exchange_keys(transport: Transport, parties: list[str]) -> None:
-    """The key agreement through the server: every party's ``public_key`` (one key, or one row per
-    member of a client group), then the whole table relayed to every client by ``agree`` (a group
-    receives one copy per member, as its members would)."""
-    replies = transport.call_many(parties, "public_key")
-    grouped = replies[0].dim() == 2
-    table = torch.cat(replies) if grouped else torch.stack(replies)
-    calls = [{"public_keys": table.expand(len(keys), -1, -1) if grouped else table} for keys in replies]
-    transport.call_many(parties, "agree", per_target=calls)
-
-
-class MaskedParty:
-    """The key-agreement methods of a party holding one client's ``masker``."""
-
-    secret_state = frozenset({"masker"})  # key pair and agreed secrets: never checkpointed, agreed again
-
-    masker: MaskingClient | None
-
-    @rpc(returns="control")
-    def public_key(self) -> Tensor:
-        return self.masker.public_key()
-
-    @rpc(public_keys="control")
-    def agree(self, public_keys: Tensor) -> None:
-        self.masker.agree(public_keys)
 
 
 # ---- one-way masks to a recipient (Swift's cross-client sums) ------------------------------------------

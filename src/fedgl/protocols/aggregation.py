@@ -7,6 +7,12 @@ once at setup, then ``secure_sum`` for each sum. Every message is a ``transport.
 methods, so each is measured in the ledger: keys, signatures and shares as ``control``, the masked
 vector as ``model`` (``gradient`` from a ``SecureGradientSumParty``).
 
+Identities (``privacy.secure_aggregation.identities``): ``pinned`` (the default) gives every client
+its identity and the roster of all clients' public keys as it is made, never through the server: the
+driver deals them as it places the shards (``SecureSumParty.dealt``), or the client reads them from
+its own shard (``fedgl partition``); the server then relays no table, and a client refuses any table
+that differs from its roster. ``relayed`` is trust on first use through the server.
+
 A client drops out of a step either because its party fails (``PartyFailure``: the step is sent again
 to the others, who answer a repeated request with the reply they gave) or because the protocol says it
 did not answer in time (``absent(step)`` names the parties it no longer waits for). Fewer than the
@@ -15,38 +21,101 @@ threshold at any step stops the round in one line, before any share is revealed.
 
 from __future__ import annotations
 
-from typing import Callable, Collection
+from pathlib import Path
+from typing import Any, Callable, Collection
 
 import torch
 from torch import Tensor
 
 from ..comm import Transport, rpc
+from ..device import CPU
 from ..errors import ConfigError, PartyFailure, RunFailed
-from ..privacy.bonawitz import SecAggClient, as_bytes, unmask
+from ..privacy.bonawitz import SecAggClient, as_bytes, unmask, valid_threshold
 from ..privacy import PrivacyConfig
+from ..privacy.identity import Identity, Roster, read_identity, read_roster
 from ..privacy.secure_aggregation import MIN_PARTICIPANTS, decode, ring_sum
 
 STEPS = ("advertise", "share", "input", "consent", "reveal")
 
 
-def check_secure_round(privacy: PrivacyConfig, count: int, who: str) -> None:
+def check_secure_round(privacy: PrivacyConfig, count: int, who: str, source: str = "partition.num_clients") -> None:
     """Refuse at setup a secure sum over ``count`` clients that could not run or would not protect:
-    fewer than 3 clients, a threshold above the count, or one at most half of it (two disjoint halves
-    could then each unmask for a different survivor list; the clients refuse it too)."""
-    threshold = privacy.secure_threshold(count)
-    if count < MIN_PARTICIPANTS or not count / 2 < threshold <= count:
+    fewer than 3 clients, a threshold above the count, or one at most (count + collusion) / 2 or at
+    most the collusion (the server and its colluders could then unmask; the clients refuse it too);
+    ``source``: the settings ``count`` comes from."""
+    threshold, collusion = privacy.secure_threshold(count), privacy.secure_settings().collusion
+    if count < MIN_PARTICIPANTS or threshold > count or not valid_threshold(threshold, count, collusion):
         raise ConfigError(f"{who}: privacy.secure_aggregation needs at least {MIN_PARTICIPANTS} clients per sum and "
-                          f"a threshold above half of them and at most all, got threshold {threshold} for {count} "
-                          f"clients (partition.num_clients x protocol.client_fraction)")
+                          f"a threshold above half of them plus the colluding clients, above the colluding clients "
+                          f"and at most all, got threshold {threshold} for {count} clients with collusion "
+                          f"{collusion} ({source})")
+
+
+def pinned(privacy: Any) -> bool:
+    """Whether clients made with these privacy settings pin their identity roster."""
+    return isinstance(privacy, PrivacyConfig) and bool(privacy.secure_aggregation) and \
+        privacy.secure_settings().identities == "pinned"
 
 
 class SecureSumParty:
     """The secure-sum steps of a party holding one client's ``secagg`` state."""
 
-    secret_state = frozenset({"secagg"})  # identity and session keys: never checkpointed, agreed again
+    # identity and session keys, and the pinned roster (read again from where it came when the party
+    # is made): never checkpointed
+    secret_state = frozenset({"secagg", "roster"})
 
     secagg: SecAggClient | None
     secure_value: Tensor | None = None  # the int64 fixed-point vector the next sum takes from this client
+    roster: Roster | None = None  # pinned: the only identity table this client trusts
+
+    @classmethod
+    def dealt(cls, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Under pinned identities, each client's ``identity`` and everyone's ``roster`` added to its
+        constructor arguments by the driver as it places the shards (not a message, so the server
+        cannot alter it). The identities come from the OS; with a federation's ``roster`` file none is
+        made here (each organisation holds its own key, read where its party is made from its shard)."""
+        privacy = configs[0].get("privacy") if configs else None
+        if not pinned(privacy):
+            return configs
+        indices = [c["index"] for c in configs]
+        given = privacy.secure_settings().roster
+        if given is not None:
+            identities, roster = dict.fromkeys(indices), read_roster(given, len(configs))
+        else:
+            identities = {i: Identity.generate() for i in indices}
+            roster = Roster.of([identities[i] for i in sorted(indices)])
+        table = roster.table()
+        private = {i: None if identity is None else identity.private for i, identity in identities.items()}
+        return [{**c, "identity": private[c["index"]], "roster": table} for c in configs]
+
+    @classmethod
+    def create(cls, device: torch.device = CPU, identity: bytes | str | None = None, roster: Tensor | None = None,
+               **kwargs: Any) -> Any:
+        """The party, its client pinned to ``identity`` (its private key, or the path of its key file
+        in a deployment) and ``roster`` when its privacy settings pin identities."""
+        party = super().create(device, **kwargs)
+        privacy = kwargs.get("privacy")
+        if party.secagg is None or not isinstance(privacy, PrivacyConfig):
+            return party
+        party.secagg.collusion = privacy.secure_settings().collusion
+        if pinned(privacy):
+            party.pin(identity, roster)
+        return party
+
+    def pin(self, identity: bytes | str | None, roster: Tensor | None) -> None:
+        """Take ``identity`` and trust ``roster`` alone, once the key is the roster's entry for this client."""
+        index = self.secagg.index
+        if roster is None:
+            raise ConfigError(f"client {index}: privacy.secure_aggregation pins identities but its shard has no "
+                              f"roster (written before rosters existed?); partition again")
+        if identity is None:  # a federation's roster, in a simulation
+            raise ConfigError(f"client {index}: privacy.secure_aggregation.roster names organisations' own keys, and "
+                              f"a run in one process holds none of the organisations' keys: partition with it "
+                              f"(`fedgl partition`) and run with backend.shards")
+        own = read_identity(identity) if isinstance(identity, (str, Path)) else Identity(bytes(identity))
+        pinned_roster = Roster.from_table(roster)
+        pinned_roster.check_own(index, own)
+        self.secagg.identity, self.secagg.peers, self.roster = own, list(pinned_roster.keys), pinned_roster
 
     @rpc(returns="control")
     def secagg_identity(self) -> Tensor:
@@ -54,6 +123,8 @@ class SecureSumParty:
 
     @rpc(table="control")
     def secagg_trust(self, table: Tensor) -> None:
+        if self.roster is not None:  # pinned: the server's table can only repeat the roster
+            self.roster.check_relayed(self.secagg.index, table)
         self.secagg.trust(table)
 
     @rpc(label="control", returns="control")
@@ -90,8 +161,12 @@ class SecureGradientSumParty(SecureSumParty):
         return super().secagg_input(label, senders, sealed)
 
 
-def trust_identities(transport: Transport, parties: list[str]) -> None:
-    """Every client's identity key, relayed once to all (the table each later trusts as authentic)."""
+def trust_identities(transport: Transport, parties: list[str], privacy: PrivacyConfig | None = None) -> None:
+    """Under ``identities: relayed`` (or without ``privacy``), every client's identity key relayed
+    once to all (the table each later trusts as authentic); under ``pinned`` nothing: each client
+    already holds the roster it trusts."""
+    if pinned(privacy):
+        return
     table = torch.stack(transport.call_many(parties, "secagg_identity"))
     transport.call_many(parties, "secagg_trust", table=table)
 

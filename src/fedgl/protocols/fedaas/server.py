@@ -103,7 +103,7 @@ class FedAAS(Protocol):
 
     def start(self) -> None:
         if self.secure:
-            trust_identities(self.transport, self.clients)
+            trust_identities(self.transport, self.clients, self.cfg.privacy)
 
     # ---- the interval ---------------------------------------------------------------------------
     def server_loss(self) -> float:
@@ -357,6 +357,6 @@ class FedAAS(Protocol):
         self.tau, self.tau0, self.grid = state["tau"], state["tau0"], dict(state["grid"])
         self.losses, self.taus, self.count = state["losses"], state["taus"], state["count"]
         self.personal = dict(state["personal"])
-        self.sums = state.get("sums", 0)  # a checkpoint from before secure sums had labels
+        self.sums = max(self.sums, state.get("sums", 0))  # a retry keeps labels used after the checkpoint
         if self.accountant is not None:
             self.accountant.load_state(state["dp"])

@@ -69,7 +69,8 @@ class FedAvg(Protocol):
         dp = self.privacy.dp  # every round a client takes part in is a full release of its update
         self.accountant = DPAccountant(dp, torch.arange(self.num_clients), CLIENT_UPDATES) if dp is not None else None
         if self.privacy.secure_aggregation:
-            check_secure_round(self.privacy, self.sample_size(), "fedavg")
+            check_secure_round(self.privacy, self.sample_size(), "fedavg",
+                               "partition.num_clients x protocol.client_fraction")
         self.size = size = self.group_size()  # clients per party: client m is member m % size of party m // size
         if size == 1:
             self.clients = self.transport.spawn(FedAvgClient, clients)
@@ -82,7 +83,7 @@ class FedAvg(Protocol):
 
     def start(self) -> None:
         if self.privacy.secure_aggregation:
-            trust_identities(self.transport, self.clients)
+            trust_identities(self.transport, self.clients, self.privacy)
 
     def group_size(self) -> int:
         """Clients per party (see ``FedAvgOptions.group_size``)."""
@@ -201,6 +202,6 @@ class FedAvg(Protocol):
         super().load_state_dict(state)
         self.model.load_state_dict(state["model"])
         self.alive = state["alive"].clone()
-        self.sums = state.get("sums", 0)  # a checkpoint from before secure sums had labels
+        self.sums = max(self.sums, state.get("sums", 0))  # a retry keeps labels used after the checkpoint
         if self.accountant is not None:
             self.accountant.load_state(state["dp"])

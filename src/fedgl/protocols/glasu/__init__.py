@@ -20,10 +20,10 @@ all edges: a single party, so no message at all), standalone (K = 0: clients nev
 simulated centralized (every client keeps every edge, K = L, exact backward) and the special cases of
 Section 3.5 (K = 1, K = L, ``graph: false``).
 
-With ``privacy.secure_aggregation`` (mean aggregation, local backward) every H_m^+ a client sends is
-fixed-point encoded and pairwise masked (``fedgl.privacy.secure_aggregation``), so the server learns
-only the mean it forwards. Every client receives every aggregation call, so each client counts its
-masked messages and the count, identical at all clients, freshens the masks. With ``privacy.dp`` each
+With ``privacy.secure_aggregation`` (mean aggregation, local backward) every mean aggregation is a
+dropout-tolerant secure sum of the clients' fixed-point H_m^+ (``fedgl.protocols.aggregation``), so the
+server learns only the mean it forwards; each sum's label is the server's count of aggregations, and a
+client lost in a sum leaves the mean of those that stayed for the rest of the run. With ``privacy.dp`` each
 node's row of every H_m^+ a client sends (training and joint inference) is clipped to ``max_norm`` and
 noised before it leaves (before masking, ``PrivateRelease``), and the server charges every release of n
 rows to every node (``DPAccountant``: the rows come from a locally trained model, docs/privacy.md).

@@ -10,6 +10,7 @@ from torch.nn import functional as F
 
 from ...comm import Party, rpc
 from ...config import ModelConfig, TrainConfig
+from ...errors import ConfigError
 from ...models.split_vertical import (
     BatchPlan,
     ClientNet,
@@ -26,8 +27,11 @@ from ...models.split_vertical import (
     sample_below,
 )
 from ...optim import make_optimizer
+from ...privacy import PrivacyConfig
+from ...privacy.bonawitz import SecAggClient
 from ...privacy.dp import PrivateRelease
-from ...privacy.secure_aggregation import MaskedParty, MaskingClient, encode
+from ...privacy.secure_aggregation import encode
+from ..aggregation import SecureSumParty
 
 
 def draw(train_nodes: Tensor, size: int, generator: torch.Generator | None) -> Tensor:
@@ -38,19 +42,18 @@ def draw(train_nodes: Tensor, size: int, generator: torch.Generator | None) -> T
     return train_nodes[torch.randperm(train_nodes.numel(), generator=generator)[:size]]
 
 
-class GlasuClient(MaskedParty, Party):
+class GlasuClient(SecureSumParty, Party):
     """Client m: its feature block, its edges, its share of the split model and its optimiser.
 
     Between the calls of one GLASU round it keeps its sampled sets, its forward pass (with the autograd
     graph of the joint inference, reused for the first local step) and the stored H_{-m}.
     """
 
-
     def __init__(self, name: str, seed: int, index: int, num_clients: int, x: Tensor, edge_index: Tensor,
                  y: Tensor | None, train_mask: Tensor, model: ModelConfig, train: TrainConfig, num_classes: int,
-                 levels: list[int], fanouts: list[int], opts: dict[str, Any]):
+                 levels: list[int], fanouts: list[int], opts: dict[str, Any], privacy: PrivacyConfig | None = None):
         super().__init__(name, seed)
-        self.index, self.num_clients = index, num_clients
+        self.index = index
         self.features, self.y = features(x), y
         self.train_nodes = train_mask.nonzero().flatten() if y is not None else None
         self.levels, self.fanouts = levels, fanouts
@@ -67,9 +70,13 @@ class GlasuClient(MaskedParty, Party):
         self._full = None
         self._eval: ForwardPass | None = None
         self._memo: dict[Any, tuple] = {}  # full sampling: the last sets below and plan (see _below, _prepare)
-        self.masker = MaskingClient.create(index) if opts["secure_aggregation"] else None
-        self.masked_sent = 0  # masked messages so far: the same count at every client
-        self.dp = opts["dp"]
+        self.members = num_clients  # the clients the mean is over: fewer once the server has lost some
+        if privacy is None and (opts.get("dp") is not None or opts.get("secure_aggregation")):
+            raise ConfigError(f"{name}: its shard holds privacy settings where GLASU's clients no longer read them "
+                              f"(written by an older fedgl); partition again")
+        privacy = privacy or PrivacyConfig()
+        self.secagg = SecAggClient.create(index) if privacy.secure_aggregation and levels else None
+        self.dp = privacy.dp
         self.private = PrivateRelease(self.dp, seed) if self.dp is not None else None
         self._reset()
 
@@ -77,13 +84,23 @@ class GlasuClient(MaskedParty, Party):
         """H_m^+ as the others may see it: under DP every node's row clipped to ``max_norm`` and noised."""
         return h if self.dp is None else self.private(h)
 
-    def _send(self, h: Tensor) -> Tensor:
-        """H_m^+ as it leaves the client: plain, or encoded and masked for secure aggregation."""
-        if self.masker is None:
+    def _send(self, h: Tensor) -> Tensor | None:
+        """H_m^+ as it leaves the client: plain, or, for secure aggregation, nothing yet: it is kept in
+        fixed point for the secure sum that follows (``secagg_input`` sends it masked)."""
+        if self.secagg is None:
             return h
-        self.masked_sent += 1
-        encoded = encode(h.reshape(1, -1), torch.ones(1), self.num_clients)[0]
-        return self.masker.mask(encoded, None, self.masked_sent).view(h.shape)
+        self.secure_value = encode(h.reshape(1, -1), torch.ones(1), self.members)[0].view(h.shape)
+        return None
+
+    @rpc(label="control", senders="control", sealed="control", returns="embedding")
+    def secagg_input(self, label: int, senders: Tensor, sealed: Tensor) -> Tensor:
+        """The masked H_m^+ (``SecureSumParty``'s step), sent as the representation it carries."""
+        return super().secagg_input(label, senders, sealed)
+
+    @rpc(count="control")
+    def regroup(self, count: int) -> None:
+        """The server lost clients: from now on every mean is over ``count`` clients."""
+        self.members = count
 
     # ---- one GLASU round ------------------------------------------------------------------------
     def _reset(self) -> None:
@@ -185,9 +202,9 @@ class GlasuClient(MaskedParty, Party):
             self.received[level] = h
             self.run.resume(h)
             return h
-        rest = extract(h, self.shown, self.index, self.num_clients, self.opts["aggregation"])
+        rest = extract(h, self.shown, self.index, self.members, self.opts["aggregation"])
         self.rest[level] = rest
-        mine = combine(rest, self.own, self.index, self.num_clients, self.opts["aggregation"])
+        mine = combine(rest, self.own, self.index, self.members, self.opts["aggregation"])
         self.run.resume(mine)
         return mine
 
@@ -241,7 +258,7 @@ class GlasuClient(MaskedParty, Party):
         how = self.opts["aggregation"]
         for _ in range(1, self.opts["Q"]):
             top = forward_through(self.net, plan, inputs, self.levels,
-                                  lambda level, own: combine(self.rest[level], own, self.index, self.num_clients, how))
+                                  lambda level, own: combine(self.rest[level], own, self.index, self.members, how))
             loss = self._objective(top, grad)
             self.optimizer.zero_grad()
             loss.backward()

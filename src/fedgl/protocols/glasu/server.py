@@ -1,21 +1,22 @@
 """GLASU's server: the mini-batch and the unions of the clients' index sets, the aggregations at the
-aggregation levels (masked with secure aggregation) and, with ``backward: exact``, split learning's
+aggregation levels (secure sums with secure aggregation) and, with ``backward: exact``, split learning's
 gradients back through them. It holds no parameters."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Collection
 
 import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-from ...errors import ConfigError
+from ...errors import ConfigError, RunFailed
 from ...evaluation import Evaluator
 from ...models.split_vertical import aggregate, backbone_options, check_width
 from ...partition import partition_vertical
 from ...privacy.dp import SUBSTITUTION, VERTICAL_ROWS, DPAccountant
-from ...privacy.secure_aggregation import decode, exchange_keys, ring_sum
+from ...privacy.secure_aggregation import MIN_PARTICIPANTS
+from ..aggregation import check_secure_round, secure_sum, trust_identities
 from ..base import Protocol
 from .client import GlasuClient, draw
 from .options import GlasuOptions, aggregation_levels, layer_fanouts, vertical_blocks
@@ -32,6 +33,11 @@ class Glasu(Protocol):
     name = "glasu"
     scenario = "vertical"
     Options = GlasuOptions
+    sums = 0  # mean aggregations so far (training and inference): each secure sum's label, never used twice
+    # the parties that do not answer a step of aggregation number k (``absent(k, step)``; "input": the
+    # upload of H_m^+); the server's timeouts (a run in one process never times out, so None)
+    absent: Callable[[int, str], Collection[str]] | None = None
+    lost: tuple[str, ...] = ()  # parties lost in an aggregation: left out of every call and mean from then on
 
     def setup(self, data: Data) -> None:
         cfg, opts = self.cfg, self.opts
@@ -59,11 +65,12 @@ class Glasu(Protocol):
         self.partition_stats = part.stats
         settings = {"S": opts.S, "Q": opts.Q, "batches": opts.batches, "sampling": opts.sampling,
                     "adjacency": opts.adjacency, "aggregation": opts.aggregation, "graph": opts.graph,
-                    "backward": opts.backward, "lr_decay_every": opts.lr_decay_every, "lr_decay": opts.lr_decay,
-                    "secure_aggregation": cfg.privacy.secure_aggregation, "dp": cfg.privacy.dp}
+                    "backward": opts.backward, "lr_decay_every": opts.lr_decay_every, "lr_decay": opts.lr_decay}
         if cfg.privacy.secure_aggregation and (opts.aggregation != "mean" or opts.backward != "local"):
             raise ConfigError("glasu: privacy.secure_aggregation sums the clients' representations, so it needs "
                               f"protocol.aggregation mean and backward local (got {opts.aggregation}, {opts.backward})")
+        if cfg.privacy.secure_aggregation and self.levels and M > 1:
+            check_secure_round(cfg.privacy, M, "glasu")
         if cfg.privacy.dp is not None and (opts.backward != "local" or self.holder is not None):
             raise ConfigError("glasu: privacy.dp noises the representations clients send, not the gradients that "
                               "backward exact or a label holder (partition.label_holder) sends; use backward local "
@@ -78,7 +85,7 @@ class Glasu(Protocol):
             dict(name=f"client{m}", seed=cfg.seed * 100_003 + m + 1, index=m, num_clients=M, x=shard.x,
                  edge_index=shard.edge_index, y=shard.y, train_mask=shard.train_mask, model=model, train=cfg.train,
                  num_classes=part.num_classes, levels=[] if self.alone else self.levels, fanouts=fanouts,
-                 opts=settings)
+                 opts=settings, privacy=cfg.privacy)
             for m, shard in enumerate(part.shards)
         ])
         # Algorithm 2: with labels everywhere the server draws the mini-batches, so it knows the training ids.
@@ -92,13 +99,56 @@ class Glasu(Protocol):
 
     def start(self) -> None:
         if self.cfg.privacy.secure_aggregation and not self.alone:
-            exchange_keys(self.transport, self.clients)
+            trust_identities(self.transport, self.clients, self.cfg.privacy)
 
-    def _aggregate(self, outs: list[Tensor]) -> Tensor:
-        """Agg of the clients' H_m^+; with secure aggregation the mean decoded from the masked sum."""
-        if not self.cfg.privacy.secure_aggregation:
-            return aggregate(outs, self.opts.aggregation)
-        return (decode(ring_sum(torch.stack(outs))) / len(outs)).to(torch.get_default_dtype())
+    @property
+    def active(self) -> list[int]:
+        """The ids of the clients not lost: every call and every mean is over them."""
+        return [m for m, name in enumerate(self.clients) if name not in self.lost]
+
+    @property
+    def members(self) -> list[str]:
+        """The parties of those clients."""
+        return [name for name in self.clients if name not in self.lost]
+
+    @property
+    def scorers(self) -> list[str]:
+        """The parties not lost whose classifiers score the nodes."""
+        return [name for name in self.heads if name not in self.lost]
+
+    def _aggregate(self, outs: list[Tensor | None]) -> Tensor:
+        """Agg of the active clients' H_m^+ (``outs``, one each, None under secure aggregation): the
+        mean over the clients that deliver, from the decoded ``secure_sum`` with secure aggregation.
+        Clients that do not deliver are lost for the rest of the run (``_lose``)."""
+        self.sums += 1
+        label, ids = self.sums, self.active
+        absent = None if self.absent is None else (lambda step: self.absent(label, step))
+        if self.cfg.privacy.secure_aggregation:
+            threshold = self.cfg.privacy.secure_threshold(len(self.clients))
+            total, kept = secure_sum(self.transport, self.members, ids, label, threshold, absent)
+            h = (total / len(kept)).to(torch.get_default_dtype())
+        else:
+            gone = set(absent("input")) if absent is not None else set()
+            kept = [m for m in ids if self.clients[m] not in gone]
+            h = aggregate([out for m, out in zip(ids, outs) if m in kept], self.opts.aggregation)
+        self._lose([m for m in ids if m not in kept])
+        return h
+
+    def _lose(self, lost: list[int]) -> None:
+        """Go on without the clients ``lost`` in an aggregation: the others are told how many clients
+        every mean is over from now on (their extract and local stand-in divide by it)."""
+        if not lost:
+            return
+        self.lost = (*self.lost, *(self.clients[m] for m in lost))
+        names = ", ".join(self.clients[m] for m in lost)
+        if self.opts.aggregation != "mean":
+            raise RunFailed(f"glasu lost {names}: aggregation concat cannot go on without their feature blocks")
+        if not self.scorers:
+            raise RunFailed(f"glasu lost {names}: no client left to score the nodes (label holder or eval_client)")
+        if self.cfg.privacy.secure_aggregation and len(self.active) < MIN_PARTICIPANTS:
+            raise RunFailed(f"glasu lost {names}: {len(self.active)} clients remain, a secure sum needs "
+                            f"{MIN_PARTICIPANTS}")
+        self.transport.call_many(self.members, "regroup", count=len(self.active))
 
     # ---- training ---------------------------------------------------------------------------------
     def train_round(self, round_index: int) -> dict[str, float]:
@@ -121,19 +171,19 @@ class Glasu(Protocol):
     def charge(self, sizes: list[int]) -> None:
         """DP: every client releases a set of n rows per entry of ``sizes``, each set at most 2 sqrt(n)
         max_norm from its neighbour in L2, for any node."""
-        rows = torch.tensor(sizes, dtype=torch.float64).repeat(len(self.clients))
+        rows = torch.tensor(sizes, dtype=torch.float64).repeat(len(self.active))
         self.accountant.charge(clients=torch.zeros(rows.numel()), multiple=SUBSTITUTION * rows.sqrt())
 
     def _glasu_round(self) -> tuple[float, int]:
         """One mini-batch: sampling with unions, joint inference, Q local updates. Returns the loss and
         the number of node rows aggregated (summed over aggregation levels)."""
-        t, clients, how = self.transport, self.clients, self.opts.aggregation
+        t, clients, how = self.transport, self.members, self.opts.aggregation
         if self.holder is None:
             top = draw(self.train_nodes, self.opts.S, self.generator)
             args = [{"targets": top} for _ in clients]
         else:
-            top = t.call(clients[self.holder], "draw_batch")
-            args = [{} if m == self.holder else {"targets": top} for m in range(len(clients))]
+            top = t.call(self.clients[self.holder], "draw_batch")
+            args = [{} if m == self.holder else {"targets": top} for m in self.active]
         sets = [top]  # the common node set of every aggregation level, L first
         for _ in self.levels[:-1]:
             top = union(top, t.call_many(clients, "sample", per_target=args))
@@ -154,15 +204,15 @@ class Glasu(Protocol):
             rows += h.size(0)
             if level == self.levels[-1]:
                 break
-            outs = t.call_many(clients, "forward", h=h)
+            outs = t.call_many(self.members, "forward", h=h)
         if exact:
             return self._exact_backward(h, stack), rows
         if self.holder is None:
-            replies = t.call_many(clients, "local_update", h=h)
+            replies = t.call_many(self.members, "local_update", h=h)
             return sum(r["loss"] for r in replies) / len(replies), rows
-        head = t.call(clients[self.holder], "head_gradient", h=h)
-        per = [{} if m == self.holder else {"h": h, "grad": head["grad"]} for m in range(len(clients))]
-        t.call_many(clients, "local_update", per_target=per)
+        head = t.call(self.clients[self.holder], "head_gradient", h=h)
+        per = [{} if m == self.holder else {"h": h, "grad": head["grad"]} for m in self.active]
+        t.call_many(self.members, "local_update", per_target=per)
         return head["loss"], rows
 
     def _exact_backward(self, h: Tensor, stack: list[tuple[list[Tensor], Tensor]]) -> float:
@@ -172,8 +222,8 @@ class Glasu(Protocol):
         The gradient for H[L] is the sum of the holders' gradients; at each aggregation level the
         server differentiates Agg for each client's share, and the gradients the clients return for
         the aggregate below (which fed every client's sub-layers) add up."""
-        t, clients = self.transport, self.clients
-        heads = clients if self.holder is None else [clients[self.holder]]
+        t, clients = self.transport, self.members
+        heads = clients if self.holder is None else [self.clients[self.holder]]
         replies = t.call_many(heads, "head_gradient", h=h)
         grad = sum(r["grad"] for r in replies)
         for parts, aggregated in reversed(stack):
@@ -191,12 +241,12 @@ class Glasu(Protocol):
             return torch.stack([r["logits"] for r in t.call_many(self.heads, "infer")]).mean(0)
         if self.accountant is not None:  # joint inference sends every node's row at every level
             self.charge([self.num_nodes] * len(self.levels))
-        outs = t.call_many(self.clients, "infer")
+        outs = t.call_many(self.members, "infer")
         for level in self.levels:
             h = self._aggregate([o["h"] for o in outs])
             if level != self.levels[-1]:
-                outs = t.call_many(self.clients, "infer", h=h)
-        return torch.stack([r["logits"] for r in t.call_many(self.heads, "infer", h=h)]).mean(0)
+                outs = t.call_many(self.members, "infer", h=h)
+        return torch.stack([r["logits"] for r in t.call_many(self.scorers, "infer", h=h)]).mean(0)
 
     # ---- results and checkpoints -------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
@@ -204,9 +254,13 @@ class Glasu(Protocol):
 
     def state_dict(self) -> dict[str, Any]:
         dp = {"dp": self.accountant.state()} if self.accountant is not None else {}
-        return super().state_dict() | dp
+        return super().state_dict() | {"sums": self.sums, "lost": list(self.lost)} | dp
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
+        # a retry reloads the checkpoint into this live server, whose clients keep the labels they used
+        # since (secrets are not rolled back): go on after both, never back
+        self.sums = max(self.sums, state.get("sums", 0))  # (no "sums": a checkpoint from before labels)
+        self.lost = tuple(state.get("lost", ()))
         if self.accountant is not None:
             self.accountant.load_state(state["dp"])

@@ -3,7 +3,8 @@ clients and serves partial sums of its own rows to other clients' requests."""
 
 from __future__ import annotations
 
-from typing import Any
+from contextlib import nullcontext
+from typing import Any, ContextManager
 
 import torch
 from torch import Tensor
@@ -11,7 +12,7 @@ from torch.nn import functional as F
 
 from ...comm import rpc
 from ...config import ModelConfig, TrainConfig
-from ...models import select_rows
+from ...models.graph import shared_transposes
 from ...models.split_horizontal import source_scale
 from ...privacy import PrivacyConfig
 from ...privacy.dp import PrivateRelease
@@ -19,6 +20,7 @@ from ...privacy.bonawitz import SecAggClient
 from ...privacy.secure_aggregation import RequestMasking, decode, encode
 from ...sampling import CSR
 from ..aggregation import SecureGradientSumParty
+from .partial_sums import nonzero_rows, pair_sums, picked_rows
 from .plan import OwnerPlan
 from .routing import OWN
 from .shared import HorizontalClient, sample_hop
@@ -27,11 +29,6 @@ from .shared import HorizontalClient, sample_hop
 def _grad(t: Tensor) -> Tensor:
     """The gradient accumulated in ``t`` (zeros where nothing reached it)."""
     return t.grad.detach().clone() if t.grad is not None else torch.zeros_like(t.detach())
-
-
-def dense_rows(h: Tensor, index: Tensor) -> Tensor:
-    rows = select_rows(h, index)
-    return rows if rows.layout == torch.strided else rows.to_dense()
 
 
 # ---- the client ----------------------------------------------------------------------------------
@@ -183,37 +180,50 @@ class CrossClient(SecureGradientSumParty, HorizontalClient):
         self._receive(layer, incoming or {})
         self._store(layer - 1, remote or {}, counts or {}, unmask)
         sums, sizes = {}, {}
-        for trainer, plan in self.plans.items():
-            plan.form(layer - 1, self.x.size(0))
-            if layer not in plan.serve_pair:
-                continue
-            pair, src = plan.serve_pair[layer], plan.serve_src[layer]
-            backprop = self.remote_backprop and layer > 1  # raw features (layer 1) have no gradient
-            h_in = plan.inputs(layer - 1, self.model, self.features)
-            rows = dense_rows(h_in if backprop else h_in.detach(), src)
-            scale = source_scale(self.model, plan.degree[plan.nodes[layer - 1][src]])
-            rows = rows if scale is None else rows * scale
-            if self.privacy.dp is not None:  # every row's influence on a sum bounded by max_norm
-                rows = self.private.clip(rows)
-            npairs = int(pair.max()) + 1
-            total = torch.zeros(npairs, rows.size(1)).index_add_(0, pair, rows)
-            size = torch.bincount(pair, minlength=npairs)
-            if layer == 1 and self.min_aggregate > 1:
-                # Raw features leave only inside sums of at least ``min_aggregate`` rows that are
-                # non-zero as summed (after dropout); a withheld pair sends count 0 and no vector.
-                nonzero = torch.bincount(pair, weights=(rows != 0).any(1).double(), minlength=npairs)
-                size[nonzero < self.min_aggregate] = 0
-            if self.privacy.dp is not None:
-                total = self.private.noised(total)
-            if plan.masking is not None:  # fixed point, masked for the recipient: the server learns nothing
-                encoded = encode(total, torch.ones(npairs, dtype=torch.long), len(plan.masking.peers))
-                total = plan.masking.mask(encoded, mask_to[trainer], layer)
-            if bool((size == 0).any()):
-                total = total[size > 0]
-            if backprop:
-                plan.sent[layer] = total
-            sums[trainer], sizes[trainer] = total.detach(), size
+        with self._shared_transposes(layer):
+            for trainer, plan in self.plans.items():
+                plan.form(layer - 1, self.x.size(0))
+                if layer in plan.serve_pair:
+                    sums[trainer], sizes[trainer] = self._serve(plan, layer, mask_to[trainer] if mask_to else None)
         return {"sums": sums, "counts": sizes}
+
+    def _shared_transposes(self, layer: int) -> ContextManager:
+        """Sparse features: the weights that read them, transposed once for the first-layer products of
+        every request this owner computes layer ``layer - 1`` for (only the first layer reads them)."""
+        if layer != 2 or self.features.layout == torch.strided:
+            return nullcontext()
+        return shared_transposes([p for p in self.model.parameters() if p.dim() == 2 and p.size(1) == self.x.size(1)])
+
+    def _serve(self, plan: OwnerPlan, layer: int, mask_to: Tensor | None) -> tuple[Tensor, Tensor]:
+        """This owner's partial sums (Eq. 5) of the pairs ``plan`` asks of it at ``layer`` and the rows
+        summed per pair (0: withheld, no vector). Noise and masks cover every pair, so then every sum is
+        made; otherwise only the sums that are sent."""
+        pair, src = plan.serve_pair[layer], plan.serve_src[layer]
+        backprop = self.remote_backprop and layer > 1  # raw features (layer 1) have no gradient
+        h_in = plan.inputs(layer - 1, self.model, self.features)
+        scale = source_scale(self.model, plan.degree[plan.nodes[layer - 1][src]])
+        rows = picked_rows(h_in if backprop else h_in.detach(), src, scale, dense=self.private is not None)
+        if self.private is not None:  # every row's influence on a sum bounded by max_norm
+            rows = self.private.clip(rows)
+        npairs = int(pair.max()) + 1
+        size = torch.bincount(pair, minlength=npairs)
+        if layer == 1 and self.min_aggregate > 1:
+            # Raw features leave only inside sums of at least ``min_aggregate`` rows that are
+            # non-zero as summed (after dropout); a withheld pair sends count 0 and no vector.
+            nonzero = torch.bincount(pair, weights=nonzero_rows(rows).double(), minlength=npairs)
+            size[nonzero < self.min_aggregate] = 0
+        every = self.private is not None or plan.masking is not None
+        total = pair_sums(rows, pair, torch.ones_like(size, dtype=torch.bool) if every else size > 0)
+        if self.private is not None:
+            total = self.private.noised(total)
+        if plan.masking is not None:  # fixed point, masked for the recipient: the server learns nothing
+            encoded = encode(total, torch.ones(npairs, dtype=torch.long), len(plan.masking.peers))
+            total = plan.masking.mask(encoded, mask_to, layer)
+        if every and bool((size == 0).any()):
+            total = total[size > 0]
+        if backprop:
+            plan.sent[layer] = total
+        return total.detach(), size
 
     @rpc(remote="embedding", counts="index", unmask="index", returns={"gradient": "gradient", "loss": "control"})
     def finish(self, remote: dict[str, Tensor], counts: dict[str, Tensor], keep: bool = False,

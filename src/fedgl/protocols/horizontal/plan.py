@@ -40,6 +40,7 @@ class OwnerPlan:
     h: dict[int, Tensor] = field(default_factory=dict)
     h_in: dict[int, Tensor] = field(default_factory=dict)
     masking: RequestMasking | None = None  # this request's keys (secure aggregation)
+    secret_state = frozenset({"masking"})  # the request's private key: never checkpointed (``comm.party_state``)
 
     def form(self, level: int, num_local: int) -> None:
         """Fix ``nodes[level]``: the level above, its local picks and the picks routed here."""

@@ -151,25 +151,31 @@ class Assembly:
             mine = [(self.index[c], replies[c]) for c in owners if route.pair_counts[self.index[c]] > 0]
             if not mine:
                 continue
-            targets = torch.cat([route.target_of_pair[first[i]:first[i] + route.pair_counts[i]] for i, _ in mine])
-            sizes = torch.cat([r["counts"][trainer] for _, r in mine])
-            sums = [r["sums"][trainer] for _, r in mine]
-            self.count[trainer].index_add_(0, targets, sizes)
-            self._sum(trainer, targets[sizes > 0], sums[0] if len(sums) == 1 else torch.cat(sums))
+            targets = [route.target_of_pair[first[i]:first[i] + route.pair_counts[i]] for i, _ in mine]
+            sizes = [r["counts"][trainer] for _, r in mine]
+            self.count[trainer].index_add_(0, torch.cat(targets), torch.cat(sizes))
+            self._sum(trainer, [t[n > 0] for t, n in zip(targets, sizes)], [r["sums"][trainer] for _, r in mine])
 
-    def _sum(self, trainer: str, targets: Tensor, vectors: Tensor) -> None:
-        """Add ``vectors`` to the rows of ``targets`` (rows made for targets seen for the first time)."""
+    def _sum(self, trainer: str, targets: list[Tensor], vectors: list[Tensor]) -> None:
+        """Add each owner's ``vectors`` to the rows of its ``targets``, owner after owner (rows made for
+        targets seen for the first time), straight from the replies: no copy of a vector is made."""
         slot, blocks = self.slot[trainer], self.blocks[trainer]
-        fresh = torch.unique(targets[slot[targets] < 0])
+        every = torch.cat(targets)
+        fresh = torch.unique(every[slot[every] < 0])
         if fresh.numel() or not blocks:
             made = sum(b.size(0) for b in blocks)
             slot[fresh] = torch.arange(made, made + fresh.numel())
-            blocks.append(vectors.new_zeros(fresh.numel(), vectors.size(1)))  # int64 (masked) sums wrap in the ring
-        row, start = slot[targets], 0
-        for block in blocks:
-            inside = (row >= start) & (row < start + block.size(0))
-            block.index_add_(0, row[inside] - start, vectors[inside])
-            start += block.size(0)
+            # int64 (masked) sums wrap in the ring
+            blocks.append(vectors[0].new_zeros(fresh.numel(), vectors[0].size(1)))
+        for owner_targets, owner_vectors in zip(targets, vectors):
+            row, start = slot[owner_targets], 0
+            for block in blocks:
+                inside = (row >= start) & (row < start + block.size(0))
+                if bool(inside.all()):
+                    block.index_add_(0, row - start, owner_vectors)
+                elif bool(inside.any()):
+                    block.index_add_(0, row[inside] - start, owner_vectors[inside])
+                start += block.size(0)
 
     def result(self) -> tuple[dict[str, dict[str, Tensor]], dict[str, dict[str, Tensor]]]:
         """``({target owner: {trainer: one row per target with a vector}}, {target owner: {trainer:
@@ -185,3 +191,4 @@ class Assembly:
                     remote.setdefault(c, {})[trainer] = rows[slot[cnt > 0]]
                     counts.setdefault(c, {})[trainer] = cnt
         return remote, counts
+

@@ -154,7 +154,7 @@ class CrossClientProtocol(Protocol):
 
     def start(self) -> None:
         if self.cfg.privacy.secure_aggregation:  # the identities the gradient sums' keys are signed with
-            trust_identities(self.transport, self.clients)
+            trust_identities(self.transport, self.clients, self.cfg.privacy)
 
     def build(self, num_features: int, num_classes: int) -> None:
         with torch.random.fork_rng():
@@ -462,6 +462,6 @@ class CrossClientProtocol(Protocol):
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.first_layer = dict(state["first_layer"])
-        self.sums = state.get("sums", 0)  # a checkpoint from before secure sums had labels
+        self.sums = max(self.sums, state.get("sums", 0))  # a retry keeps labels used after the checkpoint
         if self.accountant is not None:
             self.accountant.load_state(state["dp"])

@@ -16,7 +16,7 @@ from pydantic import Field
 from torch import Tensor
 
 from ...comm import Rows, rpc
-from ...models.split_node import BatchedOptimizer, pick
+from ...models.split_node import BatchedOptimizer, pick, scratch
 from .nfedgnn import NFedGNN, SplitOptions, UserPopulation
 
 MB = 2**20
@@ -48,6 +48,9 @@ class ModelSharingUsers(UserPopulation):
         self.common_optimizer = BatchedOptimizer(
             self.common, torch.zeros(self.common.size(0), dtype=torch.long), 1, kwargs["train"].optimizer,
             kwargs["train"].lr, kwargs["train"].weight_decay, kwargs["decoupled_decay"])
+        # Uploads are written into storage kept from message to message: 1 GiB made afresh is faulted in
+        # from the operating system every time (measured on Coauthor CS: 1.35 s against 0.28 s per message).
+        self.uploads = scratch()
 
     @rpc(grad=Rows("gradient"), users="index")
     def update(self, grad: Tensor, users: Tensor | None = None) -> None:
@@ -59,7 +62,8 @@ class ModelSharingUsers(UserPopulation):
         """Each listed user's full ``[F, D]`` weight; with DP, the last adopted weight plus the user's
         update from it, clipped to ``max_norm`` (L2 over the whole matrix) and noised."""
         idx, pos, rows = self._selection(users)
-        out = self.common.expand(rows, *self.common.shape).clone()
+        out = self.uploads(rows, self.common.numel(), self.common.dtype).view(rows, *self.common.shape)
+        out.copy_(self.common.expand(rows, *self.common.shape))
         out[pos, pick(self.features.col, idx)] = pick(self.weight, idx)
         if self.dp is None:
             return out

@@ -1,0 +1,91 @@
+"""docs/reproduction.md is what ``python -m fedgl.bench.reproduction`` writes from the committed results."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from fedgl.bench import docs, reproduction
+from fedgl.bench.papers import PAPERS
+
+PAPERS_DIR = Path(os.environ.get("FEDGL_PAPERS", "/work/shared/papers"))
+
+
+def test_the_committed_page_is_what_the_generator_writes() -> None:
+    committed = (docs.ROOT / reproduction.PAGE).read_text()
+    assert committed == reproduction.render(), "run python -m fedgl.bench.reproduction and commit docs/reproduction.md"
+
+
+def _slug(heading: str) -> str:
+    """A heading's anchor as GitHub writes it."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_link_of_the_page_reaches_a_file_and_heading() -> None:
+    page = docs.ROOT / reproduction.PAGE
+    links = set(re.findall(r"\]\(([^)]+)\)", page.read_text()))
+    assert links
+    for link in links:
+        path, _, anchor = link.partition("#")
+        target = (page.parent / path).resolve()
+        assert target.exists(), link
+        if anchor:
+            headings = [_slug(h) for h in re.findall(r"^#+ (.+)$", target.read_text(), re.M)]
+            assert anchor in headings, link
+
+
+def test_verdict_rule() -> None:
+    assert reproduction.verdict(1.9, 1.0, 0.5, "x.md") == "reproduced"  # within 2 x std
+    assert reproduction.verdict(0.9, 0.1, 1.0, "x.md") == "reproduced"  # within the tolerance
+    assert reproduction.verdict(-2.1, 1.0, 1.0, "x.md") == "differs ([why](x.md))"
+
+
+def test_a_result_committed_later_fills_its_rows(tmp_path: Path) -> None:
+    """A figure task with nothing committed is one "not run yet" row; its committed table fills it in."""
+    task = "nfedgnn-fig6-gcn"
+    assert f"| `{task}` | all 6 variants | test_accuracy |  |  |  | not run yet |" in reproduction.render(tmp_path)
+    folder = tmp_path / "benchmarks" / "results" / task
+    folder.mkdir(parents=True)
+    cell = {"mean": 0.6, "std": 0.01, "paper": None, "runs": 3, "of": 3}
+    folder.joinpath("table.json").write_text(json.dumps(
+        {"task": task, "seeds": 3, "rows": [{"variant": "chameleon nfedgnn", "test_accuracy": cell}]}))
+    page = reproduction.render(tmp_path)
+    assert (f"| [{task}](../benchmarks/results/{task}/table.md) | chameleon nfedgnn | test_accuracy |  | "
+            "60.00 ± 1.00 (3 seeds) |  | no paper number |") in page
+    assert f"| `{task}` | chameleon cnfgnn | test_accuracy |  |  |  | not run yet |" in page
+
+
+def test_a_paper_number_is_compared_with_the_rule(tmp_path: Path) -> None:
+    folder = tmp_path / "benchmarks" / "results" / "glasu-table3"
+    folder.mkdir(parents=True)
+    rows = [{"variant": "K=1", "test_accuracy": {"mean": 0.8, "std": 0.02, "paper": 0.822, "runs": 3, "of": 3}},
+            {"variant": "K=2", "test_accuracy": {"mean": 0.8, "std": 0.0, "paper": 0.838, "runs": 1, "of": 1}}]
+    folder.joinpath("table.json").write_text(json.dumps({"task": "glasu-table3", "seeds": 3, "rows": rows}))
+    page = reproduction.render(tmp_path)
+    assert "| K=1 | test_accuracy | 82.20 | 80.00 ± 2.00 (3 seeds) | -2.20 | reproduced |" in page
+    assert "| K=2 | test_accuracy | 83.80 | 80.00 (1 seed) | -3.80 | differs ([why](glasu.md#" in page
+    assert "| `glasu-table3` | K=4 | test_accuracy | 82.50 |  |  | not run yet |" in page
+
+
+@pytest.mark.skipif(not PAPERS_DIR.is_dir(), reason="the papers' text files are not here (FEDGL_PAPERS)")
+def test_every_quote_is_the_papers_text() -> None:
+    for paper in PAPERS:
+        lines = (PAPERS_DIR / paper.text).read_text().splitlines()
+        text = " ".join(re.sub(r"^\s*\d+\s+", "", line).strip() for line in lines)  # margin line numbers out
+        assert paper.quote in re.sub(r"\s+", " ", text), paper.name
+
+
+def test_a_result_made_before_its_task_changed_is_stale(tmp_path: Path) -> None:
+    source = docs.ROOT / "benchmarks" / "results" / "glasu-table3"
+    folder = tmp_path / "benchmarks" / "results" / "glasu-table3"
+    folder.mkdir(parents=True)
+    for name in ("results.json", "table.json"):
+        (folder / name).write_text((source / name).read_text())
+    (folder / "table.md").write_text((source / "table.md").read_text().replace("lazy aggregation", "lazy", 1))
+    page = reproduction.render(tmp_path).splitlines()
+    rows = [line for line in page if "(../benchmarks/results/glasu-table3/" in line]
+    assert rows and all(line.endswith(f"| {reproduction.STALE} |") for line in rows)
