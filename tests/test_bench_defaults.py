@@ -26,3 +26,25 @@ def test_a_run_summary_keeps_the_last_rounds_training_loss(tmp_path):
     result = api.run(out_dir=tmp_path / "run", train__rounds=2)
     last = read_jsonl(tmp_path / "run" / "metrics.jsonl")[-1]
     assert result.summary["final_train_loss"] == last["train_loss"] > 0
+
+
+def test_a_protocol_fills_the_settings_its_defaults_need_and_keeps_given_ones():
+    """At its defaults LLCG trains the paper's GraphSAGE (the shared GCN is refused) and FedAAS's clients
+    hold training nodes (its server-side interval loss needs the others); a given setting is kept, and
+    refused in one line where it does not fit."""
+    import pytest
+
+    from fedgl.config import build_config
+    from fedgl.errors import ConfigError
+    from fedgl.runner import Run
+
+    llcg = build_config({"protocol": {"name": "llcg"}})
+    assert llcg.model.name == "sage" and build_config({"protocol": {"name": "fedavg"}}).model.name == "gcn"
+    for name in ("fedaas", "fedaas2"):
+        assert build_config({"protocol": {"name": name}}).partition.client_nodes == "train"
+    assert build_config({"protocol": {"name": "fedaas", "interval_loss": "train"}}).partition.client_nodes == "all"
+    given = {"dataset": {"name": "synthetic", "options": {"num_nodes": 120}}, "train": {"rounds": 1}}
+    with pytest.raises(ConfigError, match="model.name 'gcn' cannot be split"):
+        Run(build_config({**given, "protocol": {"name": "llcg"}, "model": {"name": "gcn"}}), None)
+    with pytest.raises(ConfigError, match="interval_loss 'server' needs held-out nodes"):
+        Run(build_config({**given, "protocol": {"name": "fedaas"}, "partition": {"client_nodes": "all"}}), None)

@@ -158,6 +158,18 @@ class RunConfig(Section):
         return protocol_options({"name": DEFAULT_PROTOCOL, **section}).model_dump()
 
     @model_validator(mode="after")
+    def _paper_sections(self):
+        """``model`` and ``partition`` settings the config leaves unset take what the protocol needs at its
+        defaults (LLCG: GraphSAGE; FedAAS: clients holding training nodes), so that ``fedgl run --protocol
+        P --dataset D`` runs; given settings are kept, and refused as before where they do not fit."""
+        for section, values in protocol_class(self.protocol_name).paper_sections(self.options()).items():
+            current = getattr(self, section)
+            unset = {key: value for key, value in values.items() if key not in current.model_fields_set}
+            if unset:
+                self.__dict__[section] = current.model_copy(update=unset)  # not an assignment: no re-validation
+        return self
+
+    @model_validator(mode="after")
     def _paper_training(self):
         """``train`` settings the config leaves unset take the protocol's paper values where it has its
         own (FedAAS with Adam: 0.001 without decay; nFedGNN and CNFGNN with GCN and Adam: 0.1), else the

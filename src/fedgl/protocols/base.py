@@ -39,6 +39,12 @@ class Protocol:
         ``model`` and ``optimizer``; a config that leaves them unset gets these (``RunConfig``)."""
         return {}
 
+    @classmethod
+    def paper_sections(cls, options: ProtocolOptions) -> dict[str, dict[str, Any]]:
+        """``model`` and ``partition`` settings the protocol needs at its defaults, by section, for a config
+        that leaves them unset (``RunConfig``): only where the shared default would be refused."""
+        return {}
+
     def __init__(self, cfg: RunConfig, transport: Transport):
         self.cfg = cfg
         self.opts: Any = cfg.options()

@@ -40,6 +40,12 @@ class FedAAS(Protocol):
     sums = 0  # secure sums run so far (also when set up from a shard folder)
 
     @classmethod
+    def paper_sections(cls, options: FedAASOptions) -> dict[str, dict[str, Any]]:
+        # the paper's clients hold training nodes only, and the server's interval loss needs the others
+        held_out = options.interval == "adaptive" and options.interval_loss == "server"
+        return {"partition": {"client_nodes": "train"}} if held_out else {}
+
+    @classmethod
     def paper_training(cls, model: str, optimizer: str) -> dict[str, Any]:
         # §7.1: Adam at 0.001, "weight decay to be zero"
         return {"lr": 0.001, "weight_decay": 0.0} if optimizer == "adam" else {}

@@ -97,6 +97,10 @@ class LLCG(CrossClientProtocol):
     cross_traffic = {"neighbours": None, "rows": None}  # the correction's fetches from the owners
     models = ("sage", "gin")  # the correction has no node degrees for GCN's normalisation
 
+    @classmethod
+    def paper_sections(cls, options: LLCGOptions) -> dict[str, dict[str, Any]]:
+        return {"model": {"name": "sage"}}  # the paper's GraphSAGE, as the shared GCN is refused
+
     def setup(self, data) -> None:
         fanouts = self.opts.server_fanouts
         if fanouts is not None and (len(fanouts) != self.cfg.model.layers or any(f == 0 or f < -1 for f in fanouts)):
