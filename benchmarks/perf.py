@@ -418,7 +418,8 @@ def bench_jobs(quick: bool, place: Place = CPU) -> list[Measure]:
 
     nodes, rounds = (2000, 10) if quick else (5000, 300)  # long beside a worker's start, as a table's runs are
     task = BenchTask("perf-jobs", "two backbones on a synthetic graph", seeds=3, columns=["test_accuracy"],
-                     base={"dataset": {"name": "synthetic", "options": {"num_nodes": nodes}}, "train": {"rounds": rounds}},
+                     base={"dataset": {"name": "synthetic", "options": {"num_nodes": nodes}},
+                           "train": {"rounds": rounds}},
                      variants=[Variant("gcn"), Variant("sage", {"model.name": "sage"})])
     walls, tables = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
