@@ -227,6 +227,9 @@ CLUSTER_RUNS = {  # the protocols the deployment must-show names; parties split 
     "nfedgnn": ({}, {"users": "node_b", "evaluator": "node_a"}),
     "swift": ({"partition": {"num_clients": 4}}, {"client0": "node_a", "client1": "node_b", "client2": "node_a",
                                                     "client3": "node_b", "evaluator": "node_b"}),
+    "fedaas": ({"partition": {"num_clients": 4}}, {"client0": "node_a", "client1": "node_b", "client2": "node_a",
+                                                     "client3": "node_b", "evaluator": "node_a"}),
+    "cnfgnn": ({}, {"users": "node_a", "evaluator": "node_b"}),
 }
 
 
