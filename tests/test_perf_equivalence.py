@@ -61,7 +61,16 @@ CASES = {
                              dataset={"name": "cora"}, clients=5, rounds=2), None, True),
 }
 
-PINNED_ON = ("2.13.0+cpu", "AVX512")  # torch and its CPU kernel set where EXPECTED was produced
+PINNED_ON = ("2.13.0+cpu", "AVX512", "Intel(R) Xeon(R) Processor")  # torch, its kernels and the CPU of EXPECTED
+
+
+def cpu_model() -> str:
+    """The CPU's model name (float results of one kernel set can still differ between CPU makers)."""
+    try:
+        lines = open("/proc/cpuinfo").read().splitlines()
+    except OSError:
+        return "unknown"
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "unknown")
 EXPECTED: dict[str, tuple[str, float]] = {
     'cnfgnn-cora': ('a399923765a44f4bff3f0053dacad40c6cbb6167248800f6c3a741e7eef226af', 1.9442354440689087),
     'cnfgnn-synthetic': ('d5abc2c0378fd4523ae58a76389231b7db24bd333f42ce3b9d943c00103d6d3c', 1.5128514766693115),
@@ -108,9 +117,10 @@ def run_case(name: str, folder, monkeypatch=None) -> tuple[str, float]:
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if CASES[n][2] else n for n in sorted(CASES)])
 def test_run_is_the_run_before_the_fast_paths(name, tmp_path, monkeypatch, request):
-    here = (torch.__version__, torch.backends.cpu.get_cpu_capability())
+    here = (torch.__version__, torch.backends.cpu.get_cpu_capability(), cpu_model())
     if here != PINNED_ON:
-        pytest.skip(f"fingerprints pinned on torch {PINNED_ON[0]} with {PINNED_ON[1]} kernels; here {here}")
+        pytest.skip(f"fingerprints pinned on torch {PINNED_ON[0]} with {PINNED_ON[1]} kernels on {PINNED_ON[2]}; "
+                    f"here {here}")
     if CASES[name][2]:
         request.getfixturevalue("data_root")
     digest, loss = run_case(name, tmp_path, monkeypatch)
