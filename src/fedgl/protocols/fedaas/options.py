@@ -59,18 +59,12 @@ class FedAASOptions(ProtocolOptions):
         "how alike the models behave on a random probe graph (the GraphFed reconstruction)"))
     similarity_temperature: float = Field(0.1, gt=0, description="T of the similarity weights exp(-(1 - cos) / T)")
 
-    @field_validator("interval")
+    @field_validator("interval", "tau0")
     @classmethod
-    def _positive(cls, value):
+    def _positive(cls, value, info):
         if isinstance(value, int) and value < 1:
-            raise ValueError("interval must be >= 1, 'adaptive' or 'never'")
-        return value
-
-    @field_validator("tau0")
-    @classmethod
-    def _tau0(cls, value):
-        if isinstance(value, int) and value < 1:
-            raise ValueError("tau0 must be >= 1 or 'grid'")
+            allowed = {"interval": ">= 1, 'adaptive' or 'never'", "tau0": ">= 1 or 'grid'"}[info.field_name]
+            raise ValueError(f"{info.field_name} must be {allowed}")
         return value
 
     @field_validator("widths", "fanouts", "local_fanouts", "cross_fanouts")
