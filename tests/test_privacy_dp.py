@@ -14,6 +14,7 @@ from fedgl.errors import ConfigError
 from fedgl.privacy.config import SUPPORTED
 from fedgl.protocols.fedavg.group import flat_state
 from fedgl.runner import Run
+from support.noise import gaussian_noise
 
 dpa = pytest.importorskip("dp_accounting")
 
@@ -101,8 +102,8 @@ def test_fedaas_noise_has_the_configured_scale(tmp_path):
     start = next(flat_state(p["state"]) for _, src, _, m, p, _ in seen if m == "start" and src == "server")
     noise = torch.cat([flat_state(p["state"]) - start for _, src, _, m, p, _ in seen
                        if m == "upload" and src != "server"])
-    assert noise.numel() > 2000 and float(noise.std()) == pytest.approx(sigma * bound, rel=0.05)
-    assert abs(float(noise.mean())) < 0.05 * sigma * bound
+    assert noise.numel() > 2000
+    gaussian_noise(noise, sigma * bound)
 
     client = job.transport._parties["client0"]
     zero = torch.zeros(20_000, 16)

@@ -20,6 +20,7 @@ from fedgl.runner import Run
 from support.configs import TINY, fedaas, merge, tiny
 from support.masks import top_bits
 from support.wire import flat, messages, tap
+from support.noise import gaussian_noise
 
 SECURE = {"privacy": {"secure_aggregation": True}}
 FEDAVG = tiny("fedavg", protocol={"client_fraction": 1.0}, train={"rounds": 2})
@@ -68,6 +69,9 @@ def weighted_average(uploads) -> torch.Tensor:
     return sum(w * flat(m, "state") for w, m in zip(weights, uploads)) / weights.sum()
 
 
+
+
+
 def test_a_fedavg_client_receives_the_weighted_average_and_no_other_clients_update(tmp_path):
     """Plain: client0 receives only ``train`` calls, whose model is the training-node weighted average
     of the last round's uploads, none of them alone. Secure aggregation: the same average, and nothing
@@ -103,8 +107,8 @@ def test_under_dp_the_average_a_fedavg_client_receives_is_of_noised_updates(tmp_
 
     noise = twin_noise(FEDAVG, tmp_path, given, rounds=2)
     w = weights[0]
-    assert noise.numel() > 1000 and abs(float(noise.mean())) < 0.1 * SIGMA * BOUND
-    assert float(noise.std()) == pytest.approx(SIGMA * BOUND * float(w.norm() / w.sum()), rel=0.1)
+    assert noise.numel() > 1000
+    gaussian_noise(noise, SIGMA * BOUND * float(w.norm() / w.sum()))
 
 
 # ---- another client: GLASU ---------------------------------------------------------------------------
@@ -150,7 +154,8 @@ def test_under_dp_what_a_glasu_client_extracts_is_the_others_rows_plus_noise(tmp
         return 2 * h - own
 
     noise = twin_noise(glasu(2), tmp_path, extracted)
-    assert noise.numel() > 500 and float(noise.std()) == pytest.approx(SIGMA * BOUND, rel=0.1)
+    assert noise.numel() > 500
+    gaussian_noise(noise, SIGMA * BOUND)
 
 
 # ---- another client: the Swift family ----------------------------------------------------------------
@@ -349,7 +354,7 @@ def test_every_cnfgnn_user_receives_the_average_of_all_uploads(tmp_path):
         return weight
 
     noise = twin_noise(CNFGNN, tmp_path, shared)
-    assert float(noise.std()) == pytest.approx(SIGMA * BOUND / upload.size(0)**0.5, rel=0.1)
+    gaussian_noise(noise, SIGMA * BOUND / upload.size(0)**0.5)
 
 
 # ---- the outsider -------------------------------------------------------------------------------------
@@ -413,5 +418,5 @@ def test_under_dp_an_outsider_reads_each_release_plus_noise_of_the_configured_sc
     sender, method, path = RELEASED[name]
     noise = twin_noise(WIRE[name], tmp_path, lambda wire: next(
         flat(m, *path) for m in messages(wire, sender=sender, method=method) if m.under(*path)))
-    assert noise.numel() > 500 and abs(float(noise.mean())) < 0.1 * SIGMA * BOUND
-    assert float(noise.std()) == pytest.approx(SIGMA * BOUND, rel=0.1)
+    assert noise.numel() > 500
+    gaussian_noise(noise, SIGMA * BOUND)
