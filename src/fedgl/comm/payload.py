@@ -8,7 +8,7 @@ structure and dict keys are the schema both sides already know and cost nothing.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -72,3 +72,44 @@ def copy(obj: Any) -> Any:
     if isinstance(obj, tuple):
         return type(obj)(*(copy(v) for v in obj)) if hasattr(obj, "_fields") else tuple(copy(v) for v in obj)
     return obj
+
+
+def detached(obj: Any) -> Any:
+    """``obj`` with every tensor detached from its autograd graph, nothing copied: what a party hands
+    over (``@rpc(handover=True)``) it no longer reads or writes, so the receiver may own it."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach()
+    if isinstance(obj, dict):
+        return {k: detached(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(detached(v) for v in obj)
+    return obj
+
+
+def _holders(t: torch.Tensor) -> int:
+    """How many tensors (views included) and handles share ``t``'s storage."""
+    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+
+def outbox() -> Callable[[int, torch.dtype], torch.Tensor]:
+    """``get(numel, dtype)``: storage for a message a party hands over, kept from message to message.
+
+    The last message's storage is written again only once nothing outside holds it any more (no tensor
+    or view of it is alive: the receiver has dropped it), so a party never changes a message its
+    receiver still holds; otherwise fresh storage is made. Reused storage spares the operating system's
+    page faults of gigabyte messages made afresh (about 1.1 s against 0.3 s to fill 1 GiB). The caller
+    overwrites every element it sends and never reads the storage back, so what a receiver writes into
+    a message it was handed reaches nothing of the sender's. A function, left out of checkpoints."""
+    held: list[tuple[torch.Tensor, int]] = []
+
+    def get(numel: int, dtype: torch.dtype) -> torch.Tensor:
+        if held:
+            buffer, alone = held[0]
+            if buffer.numel() >= numel and buffer.dtype == dtype and _holders(buffer) == alone:
+                return buffer[:numel]
+        held.clear()
+        buffer = torch.empty(numel, dtype=dtype)
+        held.append((buffer, _holders(buffer)))
+        return buffer[:numel]
+
+    return get

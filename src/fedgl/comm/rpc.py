@@ -4,7 +4,9 @@ A client method becomes callable by the protocol only through ``@rpc``, which na
 argument and of the result (model, gradient, embedding, index, label, ...). The transport reads these
 declarations to file every measured byte under its kind; undeclared arguments count as ``control``.
 ``Rows(kind)`` marks a tensor whose rows belong to the individual members of a vectorised user group,
-so each user's share is accounted to that user.
+so each user's share is accounted to that user. ``handover=True`` declares that the party keeps no
+live use of its result (``payload.outbox`` storage): the in-process transport then passes it on
+without a copy.
 """
 
 from __future__ import annotations
@@ -31,17 +33,18 @@ Kind = Union[str, Rows]
 class RpcSpec:
     args: dict[str, Kind]
     returns: Kind | dict[str, Kind]
+    handover: bool = False
 
 
-def rpc(returns: Kind | dict[str, Kind] = "control", **args: Kind) -> Callable:
-    """Mark a party method as remotely callable and declare its message kinds."""
+def rpc(returns: Kind | dict[str, Kind] = "control", handover: bool = False, **args: Kind) -> Callable:
+    """Mark a party method as remotely callable and declare its message kinds (``handover``: above)."""
     for kind in [*args.values(), *(returns.values() if isinstance(returns, dict) else [returns])]:
         name = kind.kind if isinstance(kind, Rows) else kind
         if name not in KINDS:
             raise ValueError(f"unknown message kind {name!r}; allowed: {', '.join(KINDS)}")
 
     def mark(fn: Callable) -> Callable:
-        fn.rpc_spec = RpcSpec(dict(args), returns)
+        fn.rpc_spec = RpcSpec(dict(args), returns, handover)
         return fn
 
     return mark

@@ -243,7 +243,8 @@ class Transport:
 
 
 class LocalTransport(Transport):
-    """Parties as objects in this process; every payload is copied both ways, as a wire would."""
+    """Parties as objects in this process; every payload is copied both ways, as a wire would, except a
+    result its party hands over (storage it no longer uses)."""
 
     backend = "local"
 
@@ -280,8 +281,10 @@ class LocalTransport(Transport):
         return [self._copied(name, method, kwargs) for name, method, kwargs in calls]
 
     def _copied(self, name: str, method: str, kwargs: dict[str, Any]) -> tuple[Any, tuple[float, float]]:
-        """One call on copies both ways; the party's own result is gone once its copy is made."""
-        from .payload import copy
+        """One call on copies both ways; the party's own result is gone once its copy is made. A result
+        the party hands over (``@rpc(handover=True)``) is passed on as it is, detached."""
+        from .payload import copy, detached
 
         [(result, seconds)] = self._group.run([(name, method, copy(kwargs))])
-        return copy(result), seconds
+        handed = spec_of(self._classes[name], method).handover
+        return (detached(result) if handed else copy(result)), seconds
