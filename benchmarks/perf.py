@@ -26,7 +26,8 @@ Groups:
   (skipped by ``--quick``);
 * ``cnfgnn-cs``, ``fedaas-cs``: one CNFGNN round (every node of Coauthor CS a user) and one FedAAS round
   (examples/fedaas-cs.yaml), in seconds and over the plain PyG steps of the same model timed alternately,
-  with the bytes of a round each way;
+  with the bytes of a round each way, and over the same round on the code before the last speed-ups
+  (``BEFORE``, re-run first in a child from its ``git archive``);
 * ``startup``: ``python -X importtime`` of ``fedgl.cli`` and ``fedgl.runner``, ``fedgl --version``;
 * ``bench-jobs``: a 2-variant × 3-seed bench task on a synthetic graph, one run after another and then
   with ``--jobs 2``: the ratio of their wall times and whether their tables are the same (CPU pass only).
@@ -346,18 +347,64 @@ def beside_reference(group: str, place: Place, cfg: dict, data, reference: Calla
             Measure(group, f"{name}, over plain PyG", fed / ref, "x", target, note)]
 
 
+# The code these groups also time for their ratio over it: main before the second pass on issue #34's speed
+# (CNFGNN's handed-over uploads). Its src/ is taken with git archive and the group re-run there in a child.
+BEFORE = "77b6c0b"
+
+
+def before(group: str, quick: bool, place: Place) -> list[dict]:
+    """The group's rows measured again on the code of ``BEFORE``, in a child process (none in that child)."""
+    if os.environ.get("FEDGL_PERF_BEFORE"):
+        return []
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = subprocess.run(["git", "-C", str(ROOT), "archive", BEFORE, "src"], capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", tmp], input=tree.stdout, check=True)
+        argv = [sys.executable, __file__, "--child", group, "--device", place.name] + (["--quick"] if quick else [])
+        env = os.environ | {"PYTHONPATH": f"{tmp}/src", "FEDGL_PERF_BEFORE": "1"}
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+    if proc.returncode:
+        raise RuntimeError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def earlier_code(group: str, quick: bool, place: Place) -> list[dict] | Exception:
+    """``before``'s rows, or what stopped it (the group's own measures are taken either way)."""
+    try:
+        return before(group, quick, place)
+    except Exception as err:
+        return err
+
+
+def over_before(group: str, old: list[dict] | Exception, measures: list[Measure], target: str) -> list[Measure]:
+    """``measures`` and the round's seconds over the same measure on the code of ``BEFORE`` (``old``, timed
+    first in a child; the note adds both ratios over plain PyG, which a shared machine's load slows alike)."""
+    name = measures[0].name
+    if isinstance(old, list) and not old:  # the child on the code before
+        return measures
+    rows = {row["name"]: row for row in old} if isinstance(old, list) else {}
+    then, now = rows.get(name, {}).get("value"), measures[0].value
+    if then is None or now is None:
+        why = old if isinstance(old, Exception) else RuntimeError(rows.get(name, {}).get("note") or measures[0].note)
+        return measures + [failed(group, f"{name}, over the code before", "x", target, why)]
+    pyg = f"{name}, over plain PyG"
+    note = (f"{now:.2f} s against {then:.2f} s per round on {BEFORE} (timed first, at load "
+            f"{rows[name]['load_average']}); over plain PyG {fmt(measures[1].value)} against {fmt(rows[pyg]['value'])}")
+    return measures + [Measure(group, f"{name}, over the code before", now / then, "x", target, note)]
+
+
 def cnfgnn_cs(quick: bool, place: Place = CPU) -> list[Measure]:
     """CNFGNN (the nFedGNN bench's GCN 16, Adam) on Coauthor CS, every node a user: every round each user
     uploads its whole first-layer weight and adopts the broadcast average, beside one full-graph step of
-    the same GCN in plain PyG."""
+    the same GCN in plain PyG; and over the same round on the code before (``BEFORE``)."""
     data = load("cs")
     cfg = place.config({"name": "cnfgnn", "lam": 0}, "cs", {"name": "gcn", "hidden": 16, "layers": 2, "dropout": 0.5},
                        lr=0.1, weight_decay=5e-4, optimizer="adam")
     g = references.Graph.on(data, place.device)
-    return beside_reference(
+    old = earlier_code("cnfgnn-cs", quick, place)
+    return over_before("cnfgnn-cs", old, beside_reference(
         "cnfgnn-cs", place, cfg, data,
         lambda: references.laplacian_gcn_step(g.x, g.dev.edge_index, g.dev.y, g.dev.train_mask, 16, g.classes, 0.0),
-        1 if quick else 3, "GCN 16, every node a user; the reference: the same GCN, one full-graph step")
+        1 if quick else 3, "GCN 16, every node a user; the reference: the same GCN, one full-graph step"), "<= 0.4")
 
 
 def fedaas_cs(quick: bool, place: Place = CPU) -> list[Measure]:
@@ -365,7 +412,7 @@ def fedaas_cs(quick: bool, place: Place = CPU) -> list[Measure]:
     in-client edges dropped, attention 256/128 with root weights, 10 batches, fan-outs 10/10), beside
     the same model's mini-batch steps in plain PyG over the same clients' training nodes (neighbours
     sampled in the whole graph, features as sparse rows: dense, the reference's step takes three times as
-    long)."""
+    long); and over the same round on the code before (``BEFORE``)."""
     import yaml
 
     from fedgl.config import build_config
@@ -382,8 +429,10 @@ def fedaas_cs(quick: bool, place: Place = CPU) -> list[Measure]:
         owner = horizontal_from_config(data, built.partition, built.seed).owner  # the run's own clients
         return references.attention(g, references.HorizontalSplit.of_owner(g, owner), cfg["protocol"]["batches"],
                                      sparse=True)
-    return beside_reference("fedaas-cs", place, cfg, data, reference, 1 if quick else 2,
-                            "attention 256/128 + root weight, 50 clients x 10 batches, fan-outs 10/10", "<= 1")
+    old = earlier_code("fedaas-cs", quick, place)
+    return over_before("fedaas-cs", old, beside_reference(
+        "fedaas-cs", place, cfg, data, reference, 1 if quick else 2,
+        "attention 256/128 + root weight, 50 clients x 10 batches, fan-outs 10/10", "<= 1"), "<= 0.6")
 
 
 # ---- start-up -----------------------------------------------------------------------------------------
