@@ -401,10 +401,27 @@ def cnfgnn_cs(quick: bool, place: Place = CPU) -> list[Measure]:
                        lr=0.1, weight_decay=5e-4, optimizer="adam")
     g = references.Graph.on(data, place.device)
     old = earlier_code("cnfgnn-cs", quick, place)
-    return over_before("cnfgnn-cs", old, beside_reference(
+    out = over_before("cnfgnn-cs", old, beside_reference(
         "cnfgnn-cs", place, cfg, data,
         lambda: references.laplacian_gcn_step(g.x, g.dev.edge_index, g.dev.y, g.dev.train_mask, 16, g.classes, 0.0),
         1 if quick else 3, "GCN 16, every node a user; the reference: the same GCN, one full-graph step"), "<= 0.4")
+    return out + [Measure("cnfgnn-cs", "cnfgnn: writing one round's uploads once and summing them once", upload_floor(
+        data.num_nodes, data.num_features, 16), "s", None,
+        "what a round cannot go below while every user sends its whole weight: each 1 GiB message written from one "
+        "shared matrix and summed over its users by torch, in storage made once; timed after the rounds")]
+
+
+def upload_floor(users: int, features: int, hidden: int) -> float:
+    """Seconds to fill and sum CNFGNN's uploads of a round (messages of at most 1 GiB: ``message_mb``)."""
+    per_message = max(1, 2**30 // (4 * features * hidden))
+    common = torch.rand(features * hidden)
+    storage = torch.zeros(min(users, per_message), features * hidden)
+    start = time.perf_counter()
+    for first in range(0, users, per_message):
+        rows = storage[: min(per_message, users - first)]
+        rows.copy_(common.expand_as(rows))
+        rows.sum(0)
+    return time.perf_counter() - start
 
 
 def fedaas_cs(quick: bool, place: Place = CPU) -> list[Measure]:
