@@ -62,8 +62,8 @@ import perf_references as references
 from fedgl import device as devices
 from fedgl.errors import ConfigError
 from perf_harness import (CPU, RESULTS, ROOT, FedglRun, Measure, Place, failed, fedgl_command, fmt, gpu_peak,
-                          import_seconds, load, machine, paired_seconds, peak_mib, round_timer, stem, timed_process,
-                          verdict, write)
+                          import_seconds, load, machine, paired_seconds, peak_mib, round_timer, seconds_per_call, stem,
+                          timed_process, verdict, write)
 
 PEERS = ("OpenFGL (FedAvg, Cora, 10 clients, 100 rounds): 16.5 s per run, 121 ms per round, 461 MiB; "
          "FedGraph on Ray: 62 s per run. Measured by the issue reporter, 2-core machine.")
@@ -447,9 +447,26 @@ def fedaas_cs(quick: bool, place: Place = CPU) -> list[Measure]:
         return references.attention(g, references.HorizontalSplit.of_owner(g, owner), cfg["protocol"]["batches"],
                                      sparse=True)
     old = earlier_code("fedaas-cs", quick, place)
-    return over_before("fedaas-cs", old, beside_reference(
+    out = over_before("fedaas-cs", old, beside_reference(
         "fedaas-cs", place, cfg, data, reference, 1 if quick else 2,
         "attention 256/128 + root weight, 50 clients x 10 batches, fan-outs 10/10", "<= 1"), "<= 0.6")
+    steps = built.partition.num_clients * cfg["protocol"]["batches"]
+    return out + [Measure("fedaas-cs", "fedaas: the Adam steps of one round alone", adam_steps(
+        data.num_features, cfg["protocol"]["widths"], int(data.y.max()) + 1, steps), "s", None,
+        f"{steps} steps of torch's fused Adam over the model's parameters (98% of them the first layer's two "
+        "weights, every entry updated each step), as each client's optimiser takes them; timed after the rounds")]
+
+
+def adam_steps(features: int, widths: list[int], classes: int, steps: int) -> float:
+    """Seconds of ``steps`` fused Adam steps over FedAAS's model (attention, root weights)."""
+    from fedgl.models.split_attention import SplitAttentionNet
+
+    params = list(SplitAttentionNet(features, widths, classes, "attention", True).parameters())
+    for p in params:
+        p.grad = torch.rand_like(p)
+    optimizer = torch.optim.Adam(params, lr=1e-3, fused=True)
+    optimizer.step()  # its moments made
+    return seconds_per_call(optimizer.step, steps, warmup=0) * steps
 
 
 # ---- start-up -----------------------------------------------------------------------------------------

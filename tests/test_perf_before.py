@@ -22,7 +22,8 @@ def perf():
 
 
 def measures(perf, seconds):
-    return [perf.Measure("g", "p: one round", seconds, "s"), perf.Measure("g", "p: one round, over plain PyG", 2.0, "x")]
+    return [perf.Measure("g", "p: one round", seconds, "s"),
+            perf.Measure("g", "p: one round, over plain PyG", 2.0, "x")]
 
 
 def test_the_ratio_over_the_code_before_is_read_from_its_rows(perf):
