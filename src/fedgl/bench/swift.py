@@ -310,9 +310,9 @@ TASKS: dict[str, BenchTask] = {
     task.name: task
     for task in [
         *(compare_task(d) for d in (*LOCAL_DATASETS, *PAPER_DATASETS)),
-        sensitivity_task(LARGEST),
+        *(sensitivity_task(d) for d in ("citeseer", LARGEST)),
         gin_task("citeseer"), gin_task(LARGEST), gin_task("ogbn-arxiv"),
-        scale_task(LARGEST), random_task(LARGEST),
+        *(scale_task(d) for d in ("citeseer", LARGEST)), *(random_task(d) for d in ("citeseer", LARGEST)),
         min_aggregate_task("cora", "random"), llcg_drift_task(LARGEST), backprop_task("pubmed"),
     ]
 }
