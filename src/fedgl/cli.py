@@ -89,6 +89,10 @@ def _run(args: argparse.Namespace) -> int:
     overrides = [f"{key}={value}" for flag, key in _FLAGS.items() if (value := getattr(args, flag)) is not None]
     notes = _switched_protocol(args.config, args.protocol, overrides)
     cfg = load_config(args.config, overrides + list(args.set or []))
+    if cfg.backend.name == "ray" and not cfg.backend.address:  # Ray's processes start while the run loads its data
+        from .ray_start import start_in_background
+
+        start_in_background(cfg.backend.ray_auth)
     if args.config and args.protocol:
         notes += _paper_training_notes(cfg, args.config, list(args.set or []))
     for note in notes + unread_settings(cfg):
