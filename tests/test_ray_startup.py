@@ -125,3 +125,17 @@ def test_hosts_start_side_by_side_and_the_driver_waits_once(monkeypatch):
     assert transport.call_many(names, "bump") == [1, 1, 1, 1]
     transport.close()
     assert ("kill", None) in log
+
+
+def test_a_guess_the_config_overrules_does_not_fail_the_run(monkeypatch):
+    """``--backend ray`` starts Ray before the config is read; if it then opts out of token authentication
+    (say, because RAY_AUTH_MODE=disabled refuses a token start), the failed guess is not this run's."""
+    def start(ray, auth):
+        if auth == "token":
+            raise ConfigError("RAY_AUTH_MODE=disabled turns Ray's token authentication off")
+        ray.state.up = True
+    monkeypatch.setattr(ray_start, "start_local", start)
+    monkeypatch.setattr(ray_start, "_BACKGROUND", [])
+    ray = stand_in_ray([])
+    ray_start.start_in_background("token", ray)
+    assert ray_cluster.init_ray(ray, None, 5.0, "none") is True and ray.state.up

@@ -1,13 +1,16 @@
 """Starting a local Ray instance, locked down: listening on loopback only, with Ray's token
 authentication on unless the config opts out (``fedgl.comm.ray_cluster`` says why, and checks it).
 
-Starting one takes seconds (Ray's own processes start and register), so ``fedgl run`` begins it in the
-background (``start_in_background``) as soon as it has read its config, while it imports torch and
-loads and partitions its data. This module imports neither torch nor the rest of fedgl for that reason.
+Starting one takes seconds (Ray's own processes start and register), so ``fedgl run --backend ray``
+begins it in the background (``start_in_background``) before it loads its config, while it imports torch
+and loads and partitions its data. This module imports neither torch nor the rest of fedgl for that
+reason (nor Ray, which the background thread imports).
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import logging
 import os
 import signal
@@ -69,19 +72,18 @@ def start_in_background(auth: str = "token", ray: Any = None) -> None:
     (a run imports, loads and partitions its data) while Ray's processes start, and
     ``fedgl.comm.ray_cluster.init_ray`` waits for them (``join_background``). Nothing happens when Ray
     is missing (the backend then says so), already joined, or already starting."""
-    if ray is None:
-        try:
-            import ray
-        except ImportError:
+    if ray is None:  # imported in the thread: importing Ray takes a while too
+        if importlib.util.find_spec("ray") is None:
             return
-    if ray.is_initialized() or _BACKGROUND:
+        ray = sys.modules.get("ray")
+    if (ray is not None and ray.is_initialized()) or _BACKGROUND:
         return
     failed: list[BaseException] = []
     done = threading.Event()
 
     def start() -> None:
         try:
-            start_local(ray, auth)
+            start_local(ray or importlib.import_module("ray"), auth)
         except BaseException as err:  # raised by init_ray, in the caller's thread
             failed.append(err)
             return
@@ -113,9 +115,10 @@ def join_background(ray: Any, auth: str | None) -> bool:
         return False
     done, started_for, failed = _BACKGROUND.pop()
     done.wait()
+    if started_for != auth:  # started on a guess the config overruled: its outcome is not this run's
+        if not failed:
+            ray.shutdown()
+        return False
     if failed:
         raise failed[0]
-    if started_for == auth:
-        return True
-    ray.shutdown()
-    return False
+    return True
