@@ -12,7 +12,7 @@ from fedgl.bench.core import COST, BenchTask, Variant, run_task
 from fedgl.errors import ConfigError, RunFailed
 
 # measured durations: the only values that differ from one execution of a run to the next
-TIMING = {"wall_time_s", "wall_ms_per_round", "compute_s_by_party"}
+TIMING = {"wall_time_s", "wall_ms_per_round", "compute_s_by_party", "cpu_s"}
 
 TINY = BenchTask(
     name="tiny", description="two variants on a small synthetic graph",

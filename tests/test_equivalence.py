@@ -21,18 +21,6 @@ from support.runs import compare_runs, run_resumed
 EVERY = [*PROTOCOLS, *VARIANTS]
 
 
-def known(name: str, cases: dict[str, str]):
-    """``name`` as a parameter, expected to fail (strictly) where ``cases`` names the cause."""
-    return pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=cases[name])) if name in cases else name
-
-
-NOT_RERUN = {
-    "glasu": "the results folder's config.yaml sets partition.method: metis explicitly, which GLASU refuses "
-             "(protocols/glasu/options.vertical_blocks maps only an unset method to contiguous blocks)",
-    "glasu-exact": "as glasu: config.yaml's explicit partition.method: metis is refused by GLASU",
-}
-
-
 @pytest.fixture(scope="module")
 def in_process(tmp_path_factory):
     """The in-process run of a protocol and its settings, run once per module."""
@@ -86,7 +74,7 @@ def test_deployed_equals_in_process(name, in_process, tmp_path, monkeypatch):
     compare_runs(local, deployed)
 
 
-@pytest.mark.parametrize("name", [known(n, NOT_RERUN) for n in ["centralized", *EVERY]])
+@pytest.mark.parametrize("name", ["centralized", *EVERY])
 def test_the_results_folders_config_reruns_the_run(name, in_process, tmp_path):
     first, _ = in_process(name)
     compare_runs(first, run(load_config(first.out_dir / "config.yaml"), tmp_path))

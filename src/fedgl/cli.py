@@ -82,6 +82,10 @@ def _paper_training_notes(cfg, config: str, sets: list[str]) -> list[str]:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from .ray_start import start_in_background
+
+    if args.backend == "ray" and not any(item.startswith("backend.address=") for item in args.set or []):
+        start_in_background()  # a local Ray starts while the run imports torch and loads (ray_start.py)
     from .config import load_config
     from .progress import human_bytes
     from .session import prepare, unread_settings
@@ -89,6 +93,8 @@ def _run(args: argparse.Namespace) -> int:
     overrides = [f"{key}={value}" for flag, key in _FLAGS.items() if (value := getattr(args, flag)) is not None]
     notes = _switched_protocol(args.config, args.protocol, overrides)
     cfg = load_config(args.config, overrides + list(args.set or []))
+    if cfg.backend.name == "ray" and not cfg.backend.address:  # or while the run loads its data
+        start_in_background(cfg.backend.ray_auth)
     if args.config and args.protocol:
         notes += _paper_training_notes(cfg, args.config, list(args.set or []))
     for note in notes + unread_settings(cfg):

@@ -67,13 +67,16 @@ def computed_summary(compute: Callable[[RunConfig], dict[str, Any]], cfg: RunCon
 
 
 def execute(job: RunJob) -> Outcome:
-    """Run (or compute) one job in this process; its CPU time is this process's during the run."""
+    """Run (or compute) one job in this process; its CPU time is this process's during the run, kept in
+    the summary (``cpu_s``) so a table's cost can be read from its runs, reused ones too."""
     start = time.process_time()
     if job.compute is None:
         summary = run(job.cfg, job.folder).summary
     else:
         summary = computed_summary(job.compute, job.cfg, job.folder)
-    return Outcome(summary, time.process_time() - start)
+    summary["cpu_s"] = time.process_time() - start
+    write_json(job.folder / SUMMARY, summary)
+    return Outcome(summary, summary["cpu_s"])
 
 
 def _one_line(err: BaseException) -> str:

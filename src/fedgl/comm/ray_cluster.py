@@ -8,6 +8,10 @@ authentication (``RAY_AUTH_MODE=token``, Ray 2.52 or later): a call to its GCS w
 must be refused. A run refuses a Ray that answers it, unless the config opts out
 (``backend.ray_auth: none``). The token is only as secret as its file: Ray writes it readable by
 every local user, so a run narrows the file to its owner (``protect_token_file``).
+
+A local instance is started by ``fedgl.ray_start`` (loopback only, token mode on), possibly in the
+background while the run loads its data; a process keeps the instance it started for its later runs
+(a bench's seeds) until it exits.
 """
 
 from __future__ import annotations
@@ -16,18 +20,12 @@ import os
 import socket
 from typing import Any
 
+from .. import ray_start
 from ..errors import ConfigError
+from ..ray_start import OPT_OUT, WORKER_ENV
 
-# Ray workers hash strings with a fixed seed, so anything ordered by hashing is the same from run to run.
-WORKER_ENV = {"PYTHONHASHSEED": "0"}
-# Ray's switch (its name is Ray's) for an instance confined to this machine: every address it binds and
-# advertises is loopback. Read by Ray when it is imported, so the processes it starts see it too.
-LOOPBACK_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
-AUTH_MODE = "RAY_AUTH_MODE"
 HOW_TO_AUTH = ("start every node with RAY_AUTH_MODE=token and the cluster's token (RAY_AUTH_TOKEN or a token "
                "file; `ray get-auth-token --generate`), and run the driver with both too")
-OPT_OUT = "backend.ray_auth: none runs without it, open to anyone who reaches its ports"
-LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 def check_reachable(address: str, timeout_s: float) -> None:
@@ -46,21 +44,20 @@ def check_reachable(address: str, timeout_s: float) -> None:
 
 def init_ray(ray: Any, address: str | None, timeout_s: float, auth: str = "token") -> bool:
     """Join ``address``, or start a local instance, unless this process already joined a Ray; then
-    check that Ray enforces token authentication (``auth: token``). Returns whether this call
-    started the connection (and so shuts it down at the end)."""
+    check that Ray enforces token authentication (``auth: token``). Returns whether this process
+    started the connection here or in the background (``ray_start.start_in_background``)."""
     if address:  # named, it must answer, even when this process already joined a Ray
         check_reachable(address, timeout_s)
-    if ray.is_initialized():
-        owns = False
-    else:
-        try:
+    try:
+        owns = ray_start.join_background(ray, None if address else auth)
+        if not owns and not ray.is_initialized():
             if address:
                 ray.init(address=address, log_to_driver=False, runtime_env={"env_vars": WORKER_ENV})
             else:
-                _start_local(ray, auth)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise ConfigError(f"cannot start or reach Ray at {address or 'a local instance'}: {exc}") from exc
-        owns = True
+                ray_start.start_local(ray, auth)
+            owns = True
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise ConfigError(f"cannot start or reach Ray at {address or 'a local instance'}: {exc}") from exc
     try:
         if auth == "token" and not enforces_token(ray.get_runtime_context().gcs_address, timeout_s):
             where = f"the Ray cluster at {address}" if address else "the Ray instance this process uses"
@@ -83,40 +80,6 @@ def protect_token_file(path: str | None = None) -> None:
             os.chmod(path, 0o600)
     except FileNotFoundError:  # the token came from RAY_AUTH_TOKEN
         pass
-
-
-def _start_local(ray: Any, auth: str) -> None:
-    """A new Ray instance on loopback only (never a cluster found running on this machine), with
-    Ray's token authentication unless the config opts out. Its processes inherit ``WORKER_ENV`` and
-    the loopback switch from this one while it starts (a ``runtime_env`` would do the same through
-    Ray's runtime-env agent, about 0.8 s more per actor)."""
-    mode = os.environ.get(AUTH_MODE)
-    if auth == "token" and mode is not None and mode.lower() != "token":
-        raise ConfigError(f"{AUTH_MODE}={mode} turns Ray's token authentication off; unset it or set it to "
-                          f"token ({OPT_OUT})")
-    from ray._private import ray_constants
-    from ray._raylet import Config
-
-    if auth == "token" and mode is None:  # kept for the process, as Ray keeps it when it turns it on itself
-        os.environ[AUTH_MODE] = "token"
-        Config.initialize("")  # Ray reads the mode once per process: read again, as Ray does then
-    saved = {key: os.environ.get(key) for key in [*WORKER_ENV, LOOPBACK_SWITCH]}
-    os.environ.update(WORKER_ENV | {LOOPBACK_SWITCH: "0"})
-    saved_switch, ray_constants.ENABLE_RAY_CLUSTER = ray_constants.ENABLE_RAY_CLUSTER, False  # read at import
-    try:
-        ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, dashboard_host="127.0.0.1",
-                 log_to_driver=False, object_store_memory=256 * 1024**2)
-    finally:
-        ray_constants.ENABLE_RAY_CLUSTER = saved_switch
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-    node = ray.util.get_node_ip_address()
-    if node not in LOOPBACK:
-        ray.shutdown()
-        raise ConfigError(f"Ray placed its local instance on {node}, not on loopback; refusing to run there")
 
 
 def enforces_token(gcs_address: str, timeout_s: float) -> bool:

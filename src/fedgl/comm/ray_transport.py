@@ -9,7 +9,8 @@ Ray's object store moves without pickling their bytes.
 The driver stays outside the parties: a host offers it ``@rpc`` calls and control verbs that move no
 party state (``PartyHost``), and neither a host nor the scoring harness carries the methods Ray adds
 to actor classes (``__ray_call__`` would run any function the driver sends on the host's own object).
-Ray is started or joined locked down (``ray_cluster``).
+Ray is started or joined locked down (``ray_cluster``). Hosts start side by side: a transport starts its
+first host as soon as it exists and sends every party it makes without waiting, then waits once.
 """
 
 from __future__ import annotations
@@ -184,9 +185,13 @@ class RayTransport(Transport):
         self._placement: dict[str, int] = {}
         self._specs: dict[str, tuple[str, tuple]] = {}  # how each party was made, to make it again
         self._dead: set[int] = set()  # hosts whose actor died (until revived)
+        self._pending: list[tuple[int, Any]] = []  # parties sent to their hosts, not yet confirmed made
         # Called with (actor method, arguments) for everything the driver sends to an actor: what a
         # deployment test watches to prove no party's data leaves its node.
         self.outbound: list[Callable[[str, tuple], None]] = []
+        if not self._nodes:  # its imports overlap the driver's set-up (every run places a party)
+            self._hosts.append(self._new_host(None))
+            self._host_nodes.append(None)
 
     def _send(self, actor: Any, method: str, *args: Any) -> Any:
         for observer in self.outbound:
@@ -212,9 +217,17 @@ class RayTransport(Transport):
         self._placement[name] = mine[slot]
         return mine[slot]
 
+    def spawn(self, cls: type[Party], configs: Sequence[dict[str, Any]]) -> list[str]:
+        names = super().spawn(cls, configs)
+        pending, self._pending = self._pending, []
+        for h, future in pending:  # all sent: the hosts start and make their parties side by side
+            self._gather({h: future})
+        return names
+
     def _create(self, name: str, cls: type[Party], kwargs: dict[str, Any]) -> None:
         self._specs[name] = ("add", (name, cls, kwargs))
-        self._gather({0: self._send(self._hosts[self._place(name)], "add", name, cls, kwargs)})
+        h = self._place(name)
+        self._pending.append((h, self._send(self._hosts[h], "add", name, cls, kwargs)))
 
     def _create_from_file(self, name: str, cls_path: str, path: str, sha256: str) -> None:
         self._specs[name] = ("add_from_file", (name, cls_path, path, sha256))
@@ -283,8 +296,8 @@ class RayTransport(Transport):
                            for method, args in (self._specs[name] for name in mine)])
 
     def close(self) -> None:
+        """Stop this run's hosts. A Ray instance this process started stays up for the process's next
+        runs (Ray stops it when the process exits); one it only joined is left as it was."""
         for host in self._hosts:
             self._ray.kill(host)
         self._hosts.clear()
-        if self._owns_ray:
-            self._ray.shutdown()

@@ -82,9 +82,7 @@ def layer_fanouts(opts: GlasuOptions, num_layers: int) -> list[int]:
 
 
 def vertical_blocks(partition: PartitionConfig) -> str:
-    """The feature-block method; the horizontal default (never set) means contiguous blocks."""
-    if "method" not in partition.model_fields_set and partition.method not in VERTICAL_BLOCKS:
-        return "contiguous"
+    """The feature-block method (contiguous where the config leaves it unset: ``Glasu.paper_sections``)."""
     if partition.method not in VERTICAL_BLOCKS:
         raise ConfigError(f"partition.method {partition.method!r} is not a vertical partition; "
                           f"allowed: {', '.join(VERTICAL_BLOCKS)}")

@@ -33,6 +33,12 @@ class Glasu(Protocol):
     name = "glasu"
     scenario = "vertical"
     Options = GlasuOptions
+
+    @classmethod
+    def paper_sections(cls, options: GlasuOptions) -> dict[str, dict[str, Any]]:
+        # feature blocks, not the horizontal default (METIS), so the config a run saves names what it ran
+        return {"partition": {"method": "contiguous"}}
+
     sums = 0  # mean aggregations so far (training and inference): each secure sum's label, never used twice
     # the parties that do not answer a step of aggregation number k (``absent(k, step)``; "input": the
     # upload of H_m^+); the server's timeouts (a run in one process never times out, so None)
