@@ -28,7 +28,7 @@ Groups:
 * ``cnfgnn-cs``, ``fedaas-cs``: one CNFGNN round (every node of Coauthor CS a user) and one FedAAS round
   (examples/fedaas-cs.yaml), in seconds and over the plain PyG steps of the same model timed alternately,
   with the bytes of a round each way, and over the same round on the code before the last speed-ups
-  (``BEFORE``, re-run first in a child from its ``git archive``);
+  (``perf_before.BEFORE``, re-run first in a child from its ``git archive``);
 * ``startup``: ``python -X importtime`` of ``fedgl.cli`` and ``fedgl.runner``, ``fedgl --version``;
 * ``bench-jobs``: a 2-variant × 3-seed bench task on a synthetic graph, one run after another and then
   with ``--jobs 2``: the ratio of their wall times and whether their tables are the same (CPU pass only).
@@ -372,7 +372,7 @@ def beside_reference(group: str, place: Place, cfg: dict, data, reference: Calla
 def cnfgnn_cs(quick: bool, place: Place = CPU) -> list[Measure]:
     """CNFGNN (the nFedGNN bench's GCN 16, Adam) on Coauthor CS, every node a user: every round each user
     uploads its whole first-layer weight and adopts the broadcast average, beside one full-graph step of
-    the same GCN in plain PyG; and over the same round on the code before (``BEFORE``)."""
+    the same GCN in plain PyG; and over the same round on the code before (``perf_before.BEFORE``)."""
     data = load("cs")
     cfg = place.config({"name": "cnfgnn", "lam": 0}, "cs", {"name": "gcn", "hidden": 16, "layers": 2, "dropout": 0.5},
                        lr=0.1, weight_decay=5e-4, optimizer="adam")
@@ -406,7 +406,7 @@ def fedaas_cs(quick: bool, place: Place = CPU) -> list[Measure]:
     in-client edges dropped, attention 256/128 with root weights, 10 batches, fan-outs 10/10), beside
     the same model's mini-batch steps in plain PyG over the same clients' training nodes (neighbours
     sampled in the whole graph, features as sparse rows: dense, the reference's step takes three times as
-    long); and over the same round on the code before (``BEFORE``)."""
+    long); and over the same round on the code before (``perf_before.BEFORE``)."""
     import yaml
 
     from fedgl.config import build_config
