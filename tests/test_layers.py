@@ -20,7 +20,7 @@ CHECKED = (SRC / "fedgl", ROOT / "benchmarks")
 # belongs with the config that holds it, below the privacy mechanisms.
 LAYERS = (
     ("base", ("errors", "options", "files", "tables", "lean_imports", "device", "metrics", "progress", "tracking",
-              "flower_relay")),
+              "flower_relay", "ray_start")),
     ("data", ("data",)),
     ("partition", ("partition",)),
     ("config", ("config", "privacy.config")),

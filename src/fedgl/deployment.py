@@ -165,7 +165,7 @@ def _check_buildable(cfg: RunConfig, facts: dict[str, int], state: dict[str, Any
 
 def read_manifest(folder: Path, cfg: RunConfig) -> dict[str, Any]:
     """The shard folder's manifest, which must come from this config (up to where and how it runs)."""
-    from .config.identity import config_hash
+    from .config.identity import config_hashes
 
     path = folder / MANIFEST
     try:
@@ -178,7 +178,7 @@ def read_manifest(folder: Path, cfg: RunConfig) -> dict[str, Any]:
             isinstance(f, dict) and {"file", "sha256"} <= set(f)
             for f in [manifest.get("server"), manifest.get("evaluator"), *manifest.get("parties", [])]):
         raise ConfigError(f"backend.shards: {path} is not a fedgl shard manifest")  # every file needs its digest
-    if manifest["config_hash"] != config_hash(cfg):
+    if manifest["config_hash"] not in config_hashes(cfg):
         raise ConfigError(f"backend.shards: {folder} was partitioned with another config "
                           f"(protocol {manifest['protocol']} on {manifest['dataset']}); partition again with this one")
     return manifest

@@ -21,7 +21,7 @@ import yaml
 from .comm import NetworkModel, make_transport
 from .comm.ledger import SERVER
 from .config import RunConfig
-from .config.identity import config_hash, flat_config, resumable_change
+from .config.identity import config_hash, config_hashes, flat_config, resumable_change
 from .data import load_data
 from .deployment import check_placements, deploy
 from .device import to_wire
@@ -192,7 +192,7 @@ class Run:
         state = load_tensors(path, "cannot resume: the checkpoint")  # any unreadable file: torn, truncated, foreign
         if not isinstance(state, dict) or state.get("format") != "fedgl-checkpoint-2":
             raise ConfigError(f"cannot resume: {path} is not a fedgl checkpoint")
-        if state["config_hash"] != config_hash(self.cfg):
+        if state["config_hash"] not in config_hashes(self.cfg):
             now = flat_config(self.cfg)
             differing = sorted(k for k in set(now) | set(state["config"])
                                if not resumable_change(k) and now.get(k) != state["config"].get(k))

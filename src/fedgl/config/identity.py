@@ -32,6 +32,11 @@ ADDED_KEYS = {"privacy.dp.replayable_noise": True, "protocol.regulariser": "raw"
               "privacy.secure_aggregation.roster": None}
 
 
+# Values a resolved key used to carry for the same computation: GLASU's feature blocks were contiguous
+# while its config still said the horizontal default, METIS, until the config named them (9951ae2).
+FORMER_VALUES = {("glasu", "partition.method", "contiguous"): "metis"}
+
+
 def flat_config(cfg: RunConfig) -> dict[str, Any]:
     """The resolved config as {dotted key: value}."""
     def walk(node: Any, prefix: str) -> dict[str, Any]:
@@ -45,8 +50,20 @@ def resumable_change(key: str) -> bool:
     return any(key == k or key.startswith(f"{k}.") for k in RESUMABLE_CHANGES)
 
 
+def _hash(flat: dict[str, Any]) -> str:
+    kept = {k: v for k, v in flat.items() if not resumable_change(k) and not (k in ADDED_KEYS and ADDED_KEYS[k] == v)}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def config_hash(cfg: RunConfig) -> str:
     """What the run computes, as a short hash (keys a resume may change are left out)."""
-    kept = {k: v for k, v in flat_config(cfg).items()
-            if not resumable_change(k) and not (k in ADDED_KEYS and ADDED_KEYS[k] == v)}
-    return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
+    return _hash(flat_config(cfg))
+
+
+def config_hashes(cfg: RunConfig) -> set[str]:
+    """The hash of ``cfg`` and the ones the same computation had before ``FORMER_VALUES`` changed how its
+    config reads: what a checkpoint or a shard folder written then may hold."""
+    flat = flat_config(cfg)
+    former = {key: old for (protocol, key, value), old in FORMER_VALUES.items()
+              if cfg.protocol_name == protocol and flat.get(key) == value}
+    return {_hash(flat), _hash(flat | former)}
