@@ -126,8 +126,8 @@ def test_what_the_server_sees_of_the_sums_is_uniform_whatever_the_features(tmp_p
     for up, down in views:
         assert up.dtype == down.dtype == torch.int64
         for sent in (up, down):
-            assert stats.chisquare(np.bincount(top_bits(sent), minlength=16)).pvalue > 1e-3
-    assert stats.ks_2samp(views[0][0].flatten().double().numpy(), views[1][0].flatten().double().numpy()).pvalue > 1e-3
+            assert stats.chisquare(np.bincount(top_bits(sent), minlength=16)).pvalue > 1e-6
+    assert stats.ks_2samp(views[0][0].flatten().double().numpy(), views[1][0].flatten().double().numpy()).pvalue > 1e-6
     plain_up, _ = sums_seen_by_server(config(protocol, seed=0, rounds=1, features=64), tmp_path / "plain")
     encoded = sa.encode(plain_up.double(), torch.ones(plain_up.size(0), dtype=torch.long), M)
     assert stats.chisquare(np.bincount(top_bits(encoded), minlength=16)).pvalue < 1e-12
@@ -140,7 +140,7 @@ def test_masked_gradient_uploads_are_uniform(tmp_path, repeatable_keys):
     _, secure = observed(config(protocol, {"secure_aggregation": True}, rounds=2), tmp_path / "s")
     masked = torch.cat([p for _, src, _, m, p in secure if src != "server" and m == "secagg_input"])
     assert masked.dtype == torch.int64
-    assert stats.chisquare(np.bincount(top_bits(masked), minlength=16)).pvalue > 1e-3
+    assert stats.chisquare(np.bincount(top_bits(masked), minlength=16)).pvalue > 1e-6
     _, plain = observed(config(protocol, rounds=2), tmp_path / "p")
     grads = torch.cat([torch.cat([g.flatten() for g in p["gradient"].values()]) for _, src, _, m, p in plain
                        if src != "server" and m in ("begin", "finish") and "gradient" in p])
