@@ -187,6 +187,7 @@ def _standalone_causes(dataset: str, counts: tuple[int, ...], ends_only: tuple[i
             for label, overrides in ((_STAL_CAUSES[0], script) if M in ends_only else (*_STAL_CAUSES, script, adam))
             if label != adam[0] or (dataset, M) == ("citeseer", 7)]
 
+
 _TABLE2_COLUMNS = ["test_accuracy", "final_test_accuracy", "best_round", "best_val_accuracy", "bytes_total",
                    "sim_time_s"]
 _ROUNDS = ("test_accuracy is at the round of best validation accuracy (best_round), final_test_accuracy after "
