@@ -69,7 +69,8 @@ class Glasu(Protocol):
         self.partition_stats = part.stats
         settings = {"S": opts.S, "Q": opts.Q, "batches": opts.batches, "sampling": opts.sampling,
                     "adjacency": opts.adjacency, "aggregation": opts.aggregation, "graph": opts.graph,
-                    "backward": opts.backward, "inference": opts.inference, "lr_decay_every": opts.lr_decay_every, "lr_decay": opts.lr_decay}
+                    "backward": opts.backward, "inference": opts.inference, "lr_decay_every": opts.lr_decay_every,
+                    "lr_decay": opts.lr_decay}
         if cfg.privacy.secure_aggregation and (opts.aggregation != "mean" or opts.backward != "local"):
             raise ConfigError("glasu: privacy.secure_aggregation sums the clients' representations, so it needs "
                               f"protocol.aggregation mean and backward local (got {opts.aggregation}, {opts.backward})")
