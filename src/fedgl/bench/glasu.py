@@ -139,7 +139,54 @@ def _table2_code() -> list[Variant]:
             for dataset in _CODE_DATASETS for i, (label, overrides) in enumerate(_METHODS) if label.startswith("GLASU")]
 
 
+# The authors' centralized script (CiteSeer's Cent. line; Cora has none, so Cora keeps its GLASU script's
+# rate and width): the same recipe on one client, with a fan-out of 5 instead of 2.
+_CENT_CODE = {"citeseer": {"train.lr": 0.01}, "cora": {}}
+
+
+def _centralized_gap() -> list[Variant]:
+    """Cent. and GLASU-4, both with the authors' script settings, on Cora and CiteSeer; Cent. (one step
+    per mini-batch, as the script's v1 line) also with GLASU-4's 4 steps per mini-batch."""
+    return [Variant(f"{dataset} {label}", {**_DATASETS[dataset], **overrides, **_CODE, **_CODE_DATASETS[dataset],
+                                           **extra}, _acc(_TABLE2[dataset][column]))
+            for dataset, cent in _CENT_CODE.items()
+            for label, overrides, extra, column in (
+                ("Cent.", CENTRALIZED, {"protocol.fanout": 5, **cent}, 0),
+                ("Cent. Q=4", CENTRALIZED, {"protocol.fanout": 5, **cent, "protocol.Q": 4}, 0),
+                ("GLASU-4", GLASU_4, {}, 4))]
+
+
 _QUICK = {"train.rounds": 2, "protocol.batches": 4}
+
+# What the authors' standalone script (GFL_single.py, implementation-facts.md) does differently from
+# fedgl's standalone, one factor at a time: the client scored (index 2, not 0), the feature blocks,
+# node-wise sampling of 2 neighbours with the induced adjacency, scoring through that sampled pipeline,
+# the edge share; then all of its settings together (residual GCN, SGD, lr / 4 every 8 rounds).
+_NODEWISE = {"protocol.sampling": "nodewise", "protocol.fanout": 2, "protocol.adjacency": "induced"}
+_SAMPLED = {**_NODEWISE, "protocol.inference": "sampled"}
+_SCORED = {"protocol.train_clients": "scoring"}
+_STAL_CAUSES = (("StAl.", {}), ("client 2", {"protocol.eval_client": 2}),
+                ("contiguous blocks", {"partition.method": "contiguous"}), ("nodewise", _NODEWISE),
+                ("nodewise, sampled inference", _SAMPLED), ("60% edges", {"partition.edge_keep": 0.6}))
+_STAL_SCRIPT = {**_CODE, **_SAMPLED, "model.hidden": 256, "train.lr": 0.01, "protocol.lr_decay_every": 8,
+                "protocol.eval_client": 2}
+_PUBMED_RUNS = ("M=3 StAl.", "M=3 60% edges", "M=3 authors' script", "M=7 StAl.", "M=7 authors' script")
+_STAL_EDGES = {"citeseer": 0.8, "pubmed": 0.6}  # the script's edge share: PubMed's standalone line drops 40%
+
+
+def _standalone_causes(dataset: str, counts: tuple[int, ...], ends_only: tuple[int, ...] = ()) -> list[Variant]:
+    """Standalone at each M: as in glasu-table5, then changed in one factor, then the authors' script
+    (at the M of ``ends_only``: only the first and the last). Only the scored client trains (the same
+    scores as glasu-table5's, where every client trains)."""
+    stal = dict(zip((3, 5, 7), _TABLE5[dataset][1]))
+    script = ("authors' script", {**_STAL_SCRIPT, "partition.edge_keep": _STAL_EDGES[dataset]})
+    adam = ("authors' script, Adam", {**script[1], "train.optimizer": "adam"})  # is SGD's short schedule the cause?
+    return [Variant(f"M={M} {label}", {**_DATASETS[dataset], **STANDALONE, **clients(M), **_SCORED, **overrides},
+                    _acc(stal[M]))
+            for M in sorted((*counts, *ends_only))
+            for label, overrides in ((_STAL_CAUSES[0], script) if M in ends_only else (*_STAL_CAUSES, script, adam))
+            if label != adam[0] or (dataset, M) == ("citeseer", 7)]
+
 
 _TABLE2_COLUMNS = ["test_accuracy", "final_test_accuracy", "best_round", "best_val_accuracy", "bytes_total",
                    "sim_time_s"]
@@ -221,6 +268,41 @@ TASKS: dict[str, BenchTask] = {task.name: task for task in [
         variants=_table5(),
         columns=["test_accuracy", "final_test_accuracy", "best_round", "bytes_total"],
         source=f"{PAPER}, Table 5",
+    ),
+    _task(
+        name="glasu-standalone-causes",
+        description="Why GLASU Table 5's standalone collapses with more clients and fedgl's does not: CiteSeer "
+                    "standalone at M = 5 and 7 as in glasu-table5 (client 0, random feature blocks, layer-wise "
+                    "sampling, full-neighbourhood scoring, 80% of the edges), then one factor of the authors' "
+                    "script at a time (client 2 scored, contiguous blocks, node-wise sampling of 2 with the induced "
+                    "adjacency, scoring through that sampled pipeline, 60% of the edges), then the script's "
+                    "settings together, and at M = 7 those with Adam instead of SGD; at M = 3 only standalone and the "
+                    f"script, to see whether the script reproduces Table 2's standalone. {_ROUNDS}",
+        variants=_standalone_causes("citeseer", (5, 7), ends_only=(3,)),
+        columns=["test_accuracy", "final_test_accuracy", "best_round"],
+        seeds=3,
+        source=f"{PAPER}, Table 5 (standalone)",
+    ),
+    _task(
+        name="glasu-standalone-pubmed",
+        description="glasu-standalone-causes on PubMed at M = 3 (Table 2's standalone; the authors' PubMed "
+                    "standalone script keeps 60% of the edges) and M = 7, with fewer factors: standalone as in "
+                    "glasu-table5, 60% of the edges (M = 3), the authors' script. "
+                    f"{_ROUNDS}",
+        variants=[v for v in _standalone_causes("pubmed", (3, 7)) if v.label in _PUBMED_RUNS],  # what PubMed affords
+        columns=["test_accuracy", "final_test_accuracy", "best_round"],
+        seeds=1,
+        source=f"{PAPER}, Tables 2 and 5 (standalone)",
+    ),
+    _task(
+        name="glasu-centralized-gap",
+        description="How far GLASU-4 trails centralized training when both use the authors' script settings "
+                    "(residual GCN, SGD, node-wise sampling, induced adjacency, 32 rounds; centralized with a "
+                    f"fan-out of 5 as in the authors' centralized script). {_ROUNDS}",
+        variants=_centralized_gap(),
+        columns=["test_accuracy", "final_test_accuracy", "best_round"],
+        seeds=3,
+        source=f"{PAPER}, Table 2",
     ),
     _task(
         name="glasu-figure3",

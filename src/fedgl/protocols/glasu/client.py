@@ -307,6 +307,8 @@ class GlasuClient(SecureSumParty, Party):
         """Joint inference over every node with full neighbourhoods: H_m^+ at the next aggregation
         level, or this client's logits once H[L] (or its own top level, standalone) is reached."""
         self.net.eval()
+        if not self.levels and self.opts.get("inference") == "sampled":
+            return {"logits": self._sampled_logits()}
         if h is not None and self._eval is None:  # H[L] has arrived: score it
             return {"logits": self.net.classify(h)}
         if h is None:
@@ -321,3 +323,16 @@ class GlasuClient(SecureSumParty, Party):
         if level == self.L:
             self._eval = None
         return {"h": self._send(self._release(out))} if above else {"logits": self.net.classify(out)}
+
+    def _sampled_logits(self) -> Tensor:
+        """Every node's logits as the authors' code scores them: batches of S nodes in order, each through
+        the sampled training pipeline (fan-out, adjacency) instead of its full neighbourhood."""
+        logits = []
+        for batch in torch.arange(self.graph.num_nodes).split(self.opts["S"]):
+            self.cursor = None
+            self._take(batch)
+            self._descend(0)
+            plan, inputs = self._prepare()
+            logits.append(self.net.classify(forward_through(self.net, plan, inputs, [], None)))
+        self._reset()
+        return torch.cat(logits)

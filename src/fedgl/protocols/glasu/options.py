@@ -36,6 +36,13 @@ class GlasuOptions(ProtocolOptions):
                               "induced: normalised inside the sampled subgraph with self-loop weight 2 (authors' code)")
     aggregation: Literal["mean", "concat"] = "mean"
     graph: bool = Field(True, description="false: identity adjacency on every client (conventional vertical FL)")
+    inference: Literal["full", "sampled"] = Field(
+        "full", description="full: score every node with its full neighbourhood; sampled: through the training "
+                            "pipeline, in batches of S with sampled neighbourhoods (the authors' evaluation; "
+                            "clients that never aggregate only: K = 0 or one client)")
+    train_clients: Literal["all", "scoring"] = Field(
+        "all", description="clients that never aggregate (K = 0): train all, or only those whose classifiers "
+                           "score the nodes (the same scores for less compute: each party has its own RNG stream)")
     eval_client: int | None = Field(None, ge=0, description="client whose classifier scores the nodes; default the "
                                                             "mean of every label holder's logits (client 0 if K = 0)")
     lr_decay_every: int | None = Field(None, ge=1, description="multiply the learning rate by lr_decay every this many "

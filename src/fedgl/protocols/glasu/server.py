@@ -66,12 +66,17 @@ class Glasu(Protocol):
             if self.holder is not None and opts.eval_client != self.holder:
                 raise ConfigError(f"protocol.eval_client={opts.eval_client} holds no labels; only client "
                                   f"{self.holder} (partition.label_holder) has a classifier")
+        for key, value in (("inference", "sampled"), ("train_clients", "scoring")):
+            if getattr(opts, key) == value and self.levels and M > 1:
+                raise ConfigError(f"protocol.{key} {value} is for clients that never aggregate; it needs "
+                                  "protocol.K=0 (standalone) or partition.num_clients=1 (centralized)")
         part = partition_vertical(data, M, blocks=vertical_blocks(p), edge_keep=p.edge_keep, seed=cfg.seed,
                                   label_holder=self.holder)
         self.partition_stats = part.stats
         settings = {"S": opts.S, "Q": opts.Q, "batches": opts.batches, "sampling": opts.sampling,
                     "adjacency": opts.adjacency, "aggregation": opts.aggregation, "graph": opts.graph,
-                    "backward": opts.backward, "lr_decay_every": opts.lr_decay_every, "lr_decay": opts.lr_decay}
+                    "backward": opts.backward, "inference": opts.inference, "lr_decay_every": opts.lr_decay_every,
+                    "lr_decay": opts.lr_decay}
         if cfg.privacy.secure_aggregation and (opts.aggregation != "mean" or opts.backward != "local"):
             raise ConfigError("glasu: privacy.secure_aggregation sums the clients' representations, so it needs "
                               f"protocol.aggregation mean and backward local (got {opts.aggregation}, {opts.backward})")
@@ -159,9 +164,10 @@ class Glasu(Protocol):
     # ---- training ---------------------------------------------------------------------------------
     def train_round(self, round_index: int) -> dict[str, float]:
         if self.alone:
-            self.transport.call_many(self.clients, "train_alone")
+            trained = self.heads if self.opts.train_clients == "scoring" else self.clients
+            self.transport.call_many(trained, "train_alone")
             with self.transport.evaluation():
-                losses = self.transport.call_many(self.clients, "training_loss")
+                losses = self.transport.call_many(trained, "training_loss")
             return {"train_loss": sum(losses) / len(losses), **self.spent()}
         losses, rows = [], 0
         for _ in range(self.opts.batches):
