@@ -73,6 +73,13 @@ def test_the_servers_lr_falls_on_a_cosine_by_default_and_stays_with_raw():
     assert set(server_lrs(4, regulariser="raw")) == {base}
 
 
+def test_runs_saved_before_the_schedule_count_as_constant_and_are_not_reused():
+    """A run folder from before ``lr_schedule`` existed trained at a constant lr; the bench reads it so."""
+    from fedgl.bench.core import as_saved
+
+    assert build_config(as_saved({"protocol": {"name": "nfedgnn"}})).protocol["lr_schedule"] == "constant"
+
+
 def test_users_step_at_user_lr_and_the_server_at_train_lr():
     protocol, transport = setup_protocol(NFedGNN, toy_graph())
     assert transport._parties["users"].optimizer.lr == USER_LR

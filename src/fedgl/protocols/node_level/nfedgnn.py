@@ -93,9 +93,10 @@ class NFedGNNOptions(SplitOptions):
         USER_LR, gt=0, json_schema_extra={"earlier": None},
         description="the users' learning rate (None: train.lr, as the paper); unset: 0.01 with per_label, None with raw")
     lr_schedule: Literal["constant", "cosine"] = Field(
-        "cosine", description="the server's lr over the run: constant (the paper's) or cosine, from train.lr at round 1 "
-                              "down towards 0 at train.rounds, so the accuracy settles instead of swinging at lr 0.1; "
-                              "unset: cosine with per_label, constant with raw")
+        "cosine", json_schema_extra={"earlier": "constant"},
+        description="the server's lr over the run: constant (the paper's) or cosine, from train.lr at round 1 down "
+                    "towards 0 at train.rounds, so the accuracy settles instead of swinging at lr 0.1; unset: cosine "
+                    "with per_label, constant with raw")
 
     @model_validator(mode="before")
     @classmethod
