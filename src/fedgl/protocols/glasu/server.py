@@ -52,24 +52,9 @@ class Glasu(Protocol):
         fanouts = layer_fanouts(opts, model.layers)
         options = backbone_options(model.name, model.options)
         check_width(model.name, model.hidden, options)
-        if opts.aggregation == "concat" and model.name in ("gcnii", "gcnres"):
-            raise ConfigError(f"protocol.aggregation concat changes layer widths, which {model.name}'s residuals "
-                              f"cannot follow; use mean, or model.name gcn or gat")
         M = p.num_clients
         self.holder = p.label_holder
-        if self.holder is not None and not self.levels:
-            raise ConfigError("standalone training (protocol.K=0) needs labels at every client; "
-                              "unset partition.label_holder")
-        if opts.eval_client is not None:
-            if opts.eval_client >= M:
-                raise ConfigError(f"protocol.eval_client={opts.eval_client} is not a client; allowed: 0..{M - 1}")
-            if self.holder is not None and opts.eval_client != self.holder:
-                raise ConfigError(f"protocol.eval_client={opts.eval_client} holds no labels; only client "
-                                  f"{self.holder} (partition.label_holder) has a classifier")
-        for key, value in (("inference", "sampled"), ("train_clients", "scoring")):
-            if getattr(opts, key) == value and self.levels and M > 1:
-                raise ConfigError(f"protocol.{key} {value} is for clients that never aggregate; it needs "
-                                  "protocol.K=0 (standalone) or partition.num_clients=1 (centralized)")
+        self._refuse_unfit(M)
         part = partition_vertical(data, M, blocks=vertical_blocks(p), edge_keep=p.edge_keep, seed=cfg.seed,
                                   label_holder=self.holder)
         self.partition_stats = part.stats
@@ -77,15 +62,6 @@ class Glasu(Protocol):
                     "adjacency": opts.adjacency, "aggregation": opts.aggregation, "graph": opts.graph,
                     "backward": opts.backward, "inference": opts.inference, "lr_decay_every": opts.lr_decay_every,
                     "lr_decay": opts.lr_decay}
-        if cfg.privacy.secure_aggregation and (opts.aggregation != "mean" or opts.backward != "local"):
-            raise ConfigError("glasu: privacy.secure_aggregation sums the clients' representations, so it needs "
-                              f"protocol.aggregation mean and backward local (got {opts.aggregation}, {opts.backward})")
-        if cfg.privacy.secure_aggregation and self.levels and M > 1:
-            check_secure_round(cfg.privacy, M, "glasu")
-        if cfg.privacy.dp is not None and (opts.backward != "local" or self.holder is not None):
-            raise ConfigError("glasu: privacy.dp noises the representations clients send, not the gradients that "
-                              "backward exact or a label holder (partition.label_holder) sends; use backward local "
-                              "and labels at every client")
         self.num_nodes = data.num_nodes
         # every node has a block at every client: one accounting owner for all of them
         self.accountant = (DPAccountant(cfg.privacy.dp, torch.zeros(data.num_nodes), VERTICAL_ROWS)
@@ -107,6 +83,35 @@ class Glasu(Protocol):
             self.heads = [self.clients[self.holder]]
         else:
             self.heads = self.clients[:1] if self.alone else self.clients
+
+    def _refuse_unfit(self, M: int) -> None:
+        """One line for a setting this run cannot honour, before anything is partitioned or spawned."""
+        cfg, opts, model = self.cfg, self.opts, self.cfg.model
+        if opts.aggregation == "concat" and model.name in ("gcnii", "gcnres"):
+            raise ConfigError(f"protocol.aggregation concat changes layer widths, which {model.name}'s residuals "
+                              f"cannot follow; use mean, or model.name gcn or gat")
+        if self.holder is not None and not self.levels:
+            raise ConfigError("standalone training (protocol.K=0) needs labels at every client; "
+                              "unset partition.label_holder")
+        if opts.eval_client is not None:
+            if opts.eval_client >= M:
+                raise ConfigError(f"protocol.eval_client={opts.eval_client} is not a client; allowed: 0..{M - 1}")
+            if self.holder is not None and opts.eval_client != self.holder:
+                raise ConfigError(f"protocol.eval_client={opts.eval_client} holds no labels; only client "
+                                  f"{self.holder} (partition.label_holder) has a classifier")
+        for key, value in (("inference", "sampled"), ("train_clients", "scoring")):
+            if getattr(opts, key) == value and self.levels and M > 1:
+                raise ConfigError(f"protocol.{key} {value} is for clients that never aggregate; it needs "
+                                  "protocol.K=0 (standalone) or partition.num_clients=1 (centralized)")
+        if cfg.privacy.secure_aggregation and (opts.aggregation != "mean" or opts.backward != "local"):
+            raise ConfigError("glasu: privacy.secure_aggregation sums the clients' representations, so it needs "
+                              f"protocol.aggregation mean and backward local (got {opts.aggregation}, {opts.backward})")
+        if cfg.privacy.secure_aggregation and self.levels and M > 1:
+            check_secure_round(cfg.privacy, M, "glasu")
+        if cfg.privacy.dp is not None and (opts.backward != "local" or self.holder is not None):
+            raise ConfigError("glasu: privacy.dp noises the representations clients send, not the gradients that "
+                              "backward exact or a label holder (partition.label_holder) sends; use backward local "
+                              "and labels at every client")
 
     def start(self) -> None:
         if self.cfg.privacy.secure_aggregation and not self.alone:
