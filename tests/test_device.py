@@ -59,7 +59,15 @@ def _run(tmp_path, name, protocol, **overrides):
     return _observed(fedgl.run(config, out_dir=tmp_path / name, **SMALL, **overrides))
 
 
-@pytest.mark.parametrize("protocol", PROTOCOLS)
+# Each protocol family once in the default suite; the others with the slow tests.
+DEFAULT_DEVICE = ("centralized", "fedavg", "glasu", "nfedgnn", "swift", "fedaas")
+
+
+def _default_or_slow(names, default=DEFAULT_DEVICE):
+    return [n if n in default else pytest.param(n, marks=pytest.mark.slow) for n in names]
+
+
+@pytest.mark.parametrize("protocol", _default_or_slow(PROTOCOLS))
 def test_a_run_on_the_accelerator_equals_the_run_on_the_cpu(tmp_path, monkeypatch, protocol):
     cpu = _run(tmp_path, "cpu", protocol)
     with fake_accelerator(monkeypatch):
@@ -75,8 +83,7 @@ SPARSE = {"glasu": {"name": "glasu", "batches": 4}, "glasu nodewise": {"name": "
           "fedaas": {"name": "fedaas", "interval_loss": "train", "batches": 4}}
 
 
-@pytest.mark.parametrize("variant", [v if v in ("glasu", "fedavg", "swift", "nfedgnn") else
-                                     pytest.param(v, marks=pytest.mark.slow) for v in SPARSE])
+@pytest.mark.parametrize("variant", _default_or_slow(SPARSE, ("glasu", "fedavg")))
 def test_sparse_features_on_the_accelerator_equal_the_cpu(data_root, tmp_path, monkeypatch, variant):
     config = {"dataset": {"name": "cora", "data_root": str(data_root)}, "protocol": SPARSE[variant],
               "partition": {"num_clients": 3}, "train": {"rounds": 2}, "network": {"compute": "ignore"}}
@@ -91,7 +98,8 @@ def test_sparse_features_on_the_accelerator_equal_the_cpu(data_root, tmp_path, m
 PRIVATE = {"secure_aggregation": True, "dp": {"noise_multiplier": 0.5, "max_norm": 1.0, "replayable_noise": True}}
 
 
-@pytest.mark.parametrize("protocol", ["fedavg", "glasu", "nfedgnn", "swift", "fedaas"])
+@pytest.mark.parametrize("protocol", _default_or_slow(["fedavg", "glasu", "nfedgnn", "swift", "fedaas"],
+                                                     ("fedavg", "glasu")))
 def test_private_runs_on_the_accelerator_equal_the_cpu(tmp_path, monkeypatch, repeatable_keys, protocol):
     """Secure aggregation's masks and DP noise from a party's noise stream are drawn on the CPU, other
     draws where the party computes; the run equals its CPU run."""
