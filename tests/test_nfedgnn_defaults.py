@@ -81,8 +81,10 @@ def test_runs_saved_before_the_schedule_count_as_constant_and_are_not_reused():
 
 
 def test_users_step_at_user_lr_and_the_server_at_train_lr():
-    protocol, transport = setup_protocol(NFedGNN, toy_graph())
-    assert transport._parties["users"].optimizer.lr == USER_LR
+    for state in ("offset", "rows"):
+        protocol, transport = setup_protocol(NFedGNN, toy_graph(), user_state=state)
+        users = transport._parties["users"]
+        assert (users.offset.optimizer if state == "offset" else users.optimizer).lr == USER_LR
     assert protocol.server_optimizer.param_groups[0]["lr"] == protocol.cfg.train.lr != USER_LR
 
 

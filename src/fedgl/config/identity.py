@@ -26,12 +26,12 @@ RESUMABLE_CHANGES = ("train.rounds", "checkpoint_every", "threads", "device", "b
 # nFedGNN's penalty was Eq. 6 as written and its users stepped at train.lr; a target was on validation
 # accuracy; edge drops decided node pairs. Secure aggregation had no collusion setting, and how clients get
 # their identity table changes the set-up messages only, never what a run computes. GLASU scored with full
-# neighbourhoods and trained every client; nFedGNN's server stepped at a constant lr.)
+# neighbourhoods and trained every client; nFedGNN's server stepped at a constant lr and its users kept rows.)
 ADDED_KEYS = {"privacy.dp.replayable_noise": True, "protocol.regulariser": "raw", "protocol.user_lr": None,
               "eval.target_test_accuracy": None, "partition.drop_unit": "pair",
               "privacy.secure_aggregation.collusion": 0, "privacy.secure_aggregation.identities": "relayed",
               "privacy.secure_aggregation.roster": None, "protocol.inference": "full", "protocol.train_clients": "all",
-              "protocol.lr_schedule": "constant"}
+              "protocol.lr_schedule": "constant", "protocol.user_state": "rows"}
 
 
 # Values a resolved key used to carry for the same computation: GLASU's feature blocks were contiguous

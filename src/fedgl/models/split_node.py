@@ -89,11 +89,17 @@ def init_support_weights(features: UserFeatures, dim: int, shared: bool, generat
     ``shared``: every user starts from one dense ``[F, D]`` matrix (returned too); otherwise each
     user draws its own, as separately initialised local models would.
     """
-    bound = glorot_bound(features.num_features, dim)
     if shared:
-        dense = (torch.rand(features.num_features, dim, generator=generator) * 2 - 1) * bound
+        dense = shared_start(features.num_features, dim, generator)
         return dense[features.col].clone(), dense
+    bound = glorot_bound(features.num_features, dim)
     return (torch.rand(features.col.numel(), dim, generator=generator) * 2 - 1) * bound, None
+
+
+def shared_start(num_features: int, dim: int, generator: torch.Generator | None = None) -> Tensor:
+    """The one Glorot-uniform ``[F, D]`` matrix every user starts from under ``user_init: shared``."""
+    bound = glorot_bound(num_features, dim)
+    return (torch.rand(num_features, dim, generator=generator) * 2 - 1) * bound
 
 
 def project(features: UserFeatures, weight: Tensor, idx: Tensor | None, pos: Tensor, scale: Tensor | None,
@@ -104,10 +110,15 @@ def project(features: UserFeatures, weight: Tensor, idx: Tensor | None, pos: Ten
     val = pick(features.val, idx)
     if scale is not None:
         val = val * scale
+    return F.embedding_bag(torch.arange(val.numel()), pick(weight, idx), bag_offsets(pos, rows), mode="sum",
+                           per_sample_weights=val)
+
+
+def bag_offsets(pos: Tensor, rows: int) -> Tensor:
+    """Where each of ``rows`` bags starts among entries sorted by bag (``pos`` non-decreasing)."""
     offsets = torch.zeros(rows, dtype=torch.long)
     offsets[1:] = torch.bincount(pos, minlength=rows).cumsum(0)[:-1]
-    return F.embedding_bag(torch.arange(val.numel()), pick(weight, idx), offsets, mode="sum",
-                           per_sample_weights=val)
+    return offsets
 
 
 def support_gradient(features: UserFeatures, grad: Tensor, idx: Tensor | None, pos: Tensor,
@@ -134,6 +145,51 @@ def scratch() -> Callable[[int, int, torch.dtype], Tensor]:
         return held[0][: rows * cols].view(rows, cols)
 
     return get
+
+
+class OffsetWeights:
+    """Every user's weight as the shared start plus one offset row: ``W_i = c_i W0 + 1 o_i^T`` on its support.
+
+    With one shared start, Adam and decoupled decay, a row of ``W_i`` for a feature of value ``x`` steps by
+    ``m / (sqrt(v) + eps / x)`` with ``m, v`` the moments of the latent's gradient ``g_i``: the same vector on
+    every row (exactly for binary features, up to Adam's eps otherwise), while the decay shrinks start and
+    steps alike (a negative value turns its row's step around). So ``W_i`` stays ``c_i W0`` plus
+    ``sign(x_ij) o_i`` on each support row, and a user keeps ``x_i W0``, ``c_i`` and ``o_i`` with Adam's
+    moments for ``o_i``: ``N x D`` floats where the rows cost ``nnz x D`` (Amazon Computers at ``D = 256``:
+    15 GB against 0.1 GB), and ``x_i W_i = c_i x_i W0 + (sum_j |x_ij|) o_i``.
+    """
+
+    def __init__(self, features: UserFeatures, dim: int, kind: str, lr: float, weight_decay: float,
+                 generator: torch.Generator | None = None):
+        if kind != "adam":
+            raise ConfigError("protocol.user_state offset needs train.optimizer adam (an SGD step on a row scales "
+                              "with its feature value, so the rows drift apart); set protocol.user_state: rows")
+        n = features.num_users
+        start = shared_start(features.num_features, dim, generator)
+        self.base = F.embedding_bag(features.col, start, bag_offsets(features.row, n), mode="sum",
+                                    per_sample_weights=features.val)  # x_i W0, without an [nnz, D] copy
+        # a row steps by sign(x_ij) times the offset's step, so its value x_ij weighs the offset by |x_ij|
+        self.mass = torch.zeros(n).index_add_(0, features.row, features.val.abs()).unsqueeze(1)
+        self.shrink = torch.ones(n, 1)  # c_i: the start's share left by the decay
+        self.offset = torch.zeros(n, dim)
+        self.decay = 1 - lr * weight_decay
+        self.optimizer = BatchedOptimizer(self.offset, torch.arange(n), n, kind, lr, weight_decay, decoupled=True)
+
+    def latents(self, users: Tensor | None) -> Tensor:
+        """``x_i W_i`` of the listed users (all if None), in their order."""
+        return pick(self.shrink, users) * pick(self.base, users) + pick(self.mass, users) * pick(self.offset, users)
+
+    def step(self, grad: Tensor, users: Tensor | None) -> None:
+        """One Adam step of each listed user's offset on the gradient of its latent (consumed)."""
+        self.optimizer.step(self.offset, grad, users, users)
+        if users is None:
+            self.shrink.mul_(self.decay)
+        else:
+            self.shrink.index_copy_(0, users, self.shrink[users] * self.decay)
+
+    def nbytes(self) -> int:
+        tensors = (self.base, self.mass, self.shrink, self.offset)
+        return sum(t.element_size() * t.numel() for t in tensors) + self.optimizer.nbytes()
 
 
 class BatchedOptimizer:

@@ -37,6 +37,7 @@ from ...models.split_node import (
     SplitShape,
     UserFeatures,
     build_server_model,
+    OffsetWeights,
     init_support_weights,
     laplacian_penalty,
     prepare_server_graph,
@@ -97,6 +98,13 @@ class NFedGNNOptions(SplitOptions):
         description="the server's lr over the run: constant (the paper's) or cosine, from train.lr at round 1 down "
                     "towards 0 at train.rounds, so the accuracy settles instead of swinging at lr 0.1; unset: cosine "
                     "with per_label, constant with raw")
+    user_state: Literal["rows", "offset"] = Field(
+        "offset", json_schema_extra={"earlier": "rows"},
+        description="how the users hold their weights: rows (each user's rows for its non-zero features, nnz x D "
+                    "floats with Adam's moments) or offset (the shared start plus one D-vector a user, which is how "
+                    "those rows move with a shared start, Adam, decoupled decay and no user dropout: exact for "
+                    "binary features, up to Adam's eps otherwise; N x D floats); unset: offset where it holds, "
+                    "with per_label, else rows")
 
     @model_validator(mode="before")
     @classmethod
@@ -104,8 +112,22 @@ class NFedGNNOptions(SplitOptions):
         """Fill the settings the config leaves out from the regulariser's form."""
         if not isinstance(data, dict):
             return data
-        side = FORM_DEFAULTS.get(data.get("regulariser", "per_label"), {})
-        return {**side, **data}
+        form = data.get("regulariser", "per_label")
+        data = {**FORM_DEFAULTS.get(form, {}), **data}
+        fits = (data.get("user_init") == "shared" and not data.get("user_dropout")
+                and data.get("user_weight_decay", "decoupled") == "decoupled")
+        return {"user_state": "offset" if form == "per_label" and fits else "rows", **data}
+
+    @model_validator(mode="after")
+    def _offset_fits(self) -> "NFedGNNOptions":
+        if self.user_state == "offset":
+            unfit = [f"{key} {value}" for key, value, fit in (
+                ("user_init", self.user_init, "shared"), ("user_dropout", self.user_dropout, 0.0),
+                ("user_weight_decay", self.user_weight_decay, "decoupled")) if value != fit]
+            if unfit:
+                raise ValueError(f"user_state offset needs one shared start, no user dropout and decoupled decay "
+                                 f"(got {', '.join(unfit)}); set user_state: rows")
+        return self
 
 
 class UserPopulation(Party):
@@ -113,14 +135,19 @@ class UserPopulation(Party):
 
     def __init__(self, name: str, seed: int, user_x: Tensor, latent_dim: int, dropout: float, train: TrainConfig,
                  decoupled_decay: bool, shared_init: bool, normalize_features: bool, dp: DPConfig | None = None,
-                 lr: float | None = None):
+                 lr: float | None = None, offset: bool = False):
         super().__init__(name, seed)
         self.dp = dp  # with DP every latent is clipped and noised before it leaves its user (``release``)
         self.private = PrivateRelease(dp, seed) if dp is not None else None
         self.features = UserFeatures.from_dense(user_x, normalize_features)
-        self.weight, self.initial = init_support_weights(self.features, latent_dim, shared_init)
-        self.optimizer = BatchedOptimizer(self.weight, self.features.row, self.features.num_users, train.optimizer,
-                                          train.lr if lr is None else lr, train.weight_decay, decoupled_decay)
+        lr = train.lr if lr is None else lr
+        # user_state offset: the shared start plus one vector per user (``OffsetWeights``); rows: every support row
+        self.offset = OffsetWeights(self.features, latent_dim, train.optimizer, lr, train.weight_decay) \
+            if offset else None
+        if self.offset is None:
+            self.weight, self.initial = init_support_weights(self.features, latent_dim, shared_init)
+            self.optimizer = BatchedOptimizer(self.weight, self.features.row, self.features.num_users,
+                                              train.optimizer, lr, train.weight_decay, decoupled_decay)
         self.dropout = dropout
         self.pending: tuple[Tensor | None, Tensor | None, Tensor | None] | None = None
         self.scratch = scratch()
@@ -139,6 +166,8 @@ class UserPopulation(Party):
             keep = torch.rand(pos.numel()) >= self.dropout
             scale = keep.float() / (1 - self.dropout)
         self.pending = (users, idx, scale)
+        if self.offset is not None:  # no user dropout in this form (NFedGNNOptions)
+            return self.release(self.offset.latents(users))
         return self.release(project(self.features, self.weight, idx, pos, scale, rows))
 
     @rpc(grad=Rows("gradient"), users="index")
@@ -147,14 +176,19 @@ class UserPopulation(Party):
         if self.pending is None or not _same_users(self.pending[0], users):
             raise RuntimeError("update must follow embed for the same users")
         _, idx, scale = self.pending
+        self.pending = None
+        if self.offset is not None:
+            self.offset.step(grad.clone(), users)
+            return
         pos = self.features.positions(users, idx)
         rows = self.scratch(pos.numel(), grad.size(1), grad.dtype)
         self.optimizer.step(self.weight, support_gradient(self.features, grad, idx, pos, scale, rows), idx, users)
-        self.pending = None
 
     @rpc(returns=Rows("embedding"))
     def infer(self) -> Tensor:
         """Every user's latent without dropout, for scoring (noised too under DP: it reaches the server)."""
+        if self.offset is not None:
+            return self.release(self.offset.latents(None))
         return self.release(project(self.features, self.weight, None, self.features.row, None,
                                     self.features.num_users))
 
@@ -169,8 +203,10 @@ class UserPopulation(Party):
     def state_nbytes(self) -> int:
         """Memory held for the users' weights, optimiser state and features."""
         f = self.features
-        tensors = [self.weight, f.row, f.col, f.val]
-        return sum(t.element_size() * t.numel() for t in tensors) + self.optimizer.nbytes()
+        held = [f.row, f.col, f.val]
+        weights = self.offset.nbytes() if self.offset is not None else (
+            self.weight.element_size() * self.weight.numel() + self.optimizer.nbytes())
+        return sum(t.element_size() * t.numel() for t in held) + weights
 
 
 def label_reach(graph: ServerGraph, train_idx: Tensor, hops: int) -> float:
@@ -234,7 +270,8 @@ class NFedGNN(Protocol):
         self.place()
 
     def user_options(self) -> dict[str, Any]:
-        return {"shared_init": self.opts.user_init == "shared", "lr": self.opts.user_lr}
+        return {"shared_init": self.opts.user_init == "shared", "lr": self.opts.user_lr,
+                "offset": self.opts.user_state == "offset"}
 
     @property
     def lam(self) -> float:
