@@ -148,24 +148,22 @@ def scratch() -> Callable[[int, int, torch.dtype], Tensor]:
 
 
 class OffsetWeights:
-    """Every user's weight as the shared start plus one offset row: ``W_i = c_i W0 + 1 o_i^T`` on its support.
+    """Every user's weight as the shared start plus one offset: ``c_i W0`` plus ``sign(x_ij) o_i`` on support row j.
 
-    With one shared start, Adam and decoupled decay, a row of ``W_i`` for a feature of value ``x`` steps by
-    ``m / (sqrt(v) + eps / x)`` with ``m, v`` the moments of the latent's gradient ``g_i``: the same vector on
-    every row (exactly for binary features, up to Adam's eps otherwise), while the decay shrinks start and
-    steps alike (a negative value turns its row's step around). So ``W_i`` stays ``c_i W0`` plus
-    ``sign(x_ij) o_i`` on each support row, and a user keeps ``x_i W0``, ``c_i`` and ``o_i`` with Adam's
+    With one shared start, Adam and decoupled decay, the row of ``W_i`` for a feature of value ``x`` steps by
+    ``sign(x) m / (sqrt(v) + eps / |x|)`` with ``m, v`` the moments of the latent's gradient ``g_i``: the same
+    vector on every row (exactly for values of +-1, up to Adam's eps otherwise), while the decay shrinks start
+    and steps alike. So a user keeps ``x_i W0``, ``c_i`` and ``o_i`` with Adam's
     moments for ``o_i``: ``N x D`` floats where the rows cost ``nnz x D`` (Amazon Computers at ``D = 256``:
     15 GB against 0.1 GB), and ``x_i W_i = c_i x_i W0 + (sum_j |x_ij|) o_i``.
     """
 
-    def __init__(self, features: UserFeatures, dim: int, kind: str, lr: float, weight_decay: float,
-                 generator: torch.Generator | None = None):
+    def __init__(self, features: UserFeatures, dim: int, kind: str, lr: float, weight_decay: float):
         if kind != "adam":
             raise ConfigError("protocol.user_state offset needs train.optimizer adam (an SGD step on a row scales "
                               "with its feature value, so the rows drift apart); set protocol.user_state: rows")
         n = features.num_users
-        start = shared_start(features.num_features, dim, generator)
+        start = shared_start(features.num_features, dim)  # the draw init_support_weights makes
         self.base = F.embedding_bag(features.col, start, bag_offsets(features.row, n), mode="sum",
                                     per_sample_weights=features.val)  # x_i W0, without an [nnz, D] copy
         # a row steps by sign(x_ij) times the offset's step, so its value x_ij weighs the offset by |x_ij|
