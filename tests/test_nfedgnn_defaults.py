@@ -189,11 +189,14 @@ def test_defaults_reach_ninety_percent_of_the_centralized_gcn_on_pubmed_and_sett
 
 
 @pytest.mark.slow
-def test_defaults_learn_coauthor_cs(tmp_path, data_root):
-    """At the library's defaults nFedGNN reaches 90 % of the centralized GCN's test accuracy on Coauthor CS, where
-    the paper's raw penalty at Cora's lambda 300 stays near chance (``nfedgnn-defaults`` in docs/nfedgnn.md)."""
+@pytest.mark.parametrize("dataset", ["citeseer", "cs"])
+def test_defaults_reach_ninety_percent_of_the_centralized_gcn(dataset, tmp_path, data_root):
+    """At the library's defaults nFedGNN reaches 90 % of the centralized GCN's test accuracy (seed 0) on CiteSeer,
+    whose users outside every label's component are read from their start alone (81 % with the earlier 64-value
+    latent), and on Coauthor CS, where the paper's raw penalty at Cora's lambda 300 stays near chance
+    (``nfedgnn-defaults`` in docs/nfedgnn.md)."""
     from fedgl import api
 
-    accuracy = {m: api.run({"dataset": {"name": "cs", "data_root": str(data_root)}, "protocol": {"name": m}},
+    accuracy = {m: api.run({"dataset": {"name": dataset, "data_root": str(data_root)}, "protocol": {"name": m}},
                            out_dir=tmp_path / m).summary["test_accuracy"] for m in ("centralized", "nfedgnn")}
     assert accuracy["nfedgnn"] >= 0.9 * accuracy["centralized"]
