@@ -71,7 +71,7 @@ class FedAASClient(SecureSumParty, HorizontalClient):
         cross = torch.stack([torch.searchsorted(self.remote_ids, shard.cross_edges[1]) + n, shard.cross_edges[0]])
         self.cross_csr = CSR.from_edge_index(cross, n + remote)
         # each edge's row in the client's own graphs, made once: attention sampling needs it at every step
-        self.edge_rows = [(csr, _rows(csr)) for csr in (self.local_csr, self.full_csr, self.cross_csr)]
+        self.edge_rows = {name: _rows(getattr(self, name)) for name in ("local_csr", "full_csr", "cross_csr")}
         layers = len(self.opts.widths)
         # The history store (§4.1): a key a_src·W_q h_w per remote neighbour (0 until seen), and per
         # own node the remote partial received at its last sync, for every layer that crosses clients.
@@ -115,10 +115,9 @@ class FedAASClient(SecureSumParty, HorizontalClient):
         return torch.exp(e - top[rows])
 
     def _edge_rows(self, csr: CSR) -> Tensor:
-        for graph, rows in self.edge_rows:
-            if graph is csr:
-                return rows
-        return _rows(csr)
+        """Each edge's row of ``csr``: kept for the client's own graphs, which sampling scores at every step."""
+        name = next((name for name in self.edge_rows if getattr(self, name) is csr), None)
+        return _rows(csr) if name is None else self.edge_rows[name]
 
     @torch.no_grad()
     def _logits(self, layer: int, csr: CSR, need: Tensor) -> Tensor:
