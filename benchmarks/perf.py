@@ -431,7 +431,8 @@ def fedaas_cs(quick: bool, place: Place = CPU) -> list[Measure]:
     return out + [Measure("fedaas-cs", "fedaas: the Adam steps of one round alone", adam_steps(
         data.num_features, cfg["protocol"]["widths"], int(data.y.max()) + 1, steps), "s", None,
         f"{steps} steps of torch's fused Adam over the model's parameters (98% of them the first layer's two "
-        "weights, every entry updated each step), as each client's optimiser takes them; timed after the rounds")]
+        "weights, every entry updated each step), the kernel each client's step runs (from its second step on "
+        "called directly, optim.optimizer_step); timed through Adam.step after the rounds")]
 
 
 def adam_steps(features: int, widths: list[int], classes: int, steps: int) -> float:

@@ -3,7 +3,8 @@
 Parties that keep their parameters outside an optimiser object (a batched group of FedAvg clients,
 nFedGNN's users) update them with ``adam_update``/``sgd_update``: torch's own update as its optimisers
 apply it on CPU, called directly. The optimiser objects' methods import ``torch._dynamo`` on first use
-(about 1 s); these updates do not, so a FedAvg run never loads it.
+(about 1 s); these updates do not, so a FedAvg run never loads it. ``optimizer_step`` gives an optimiser
+object's fused Adam the same direct call once its moments exist (FedAAS takes 500 small steps a round).
 """
 
 from __future__ import annotations
@@ -42,3 +43,19 @@ def sgd_update(params: list[Tensor], grads: list[Tensor], *, lr: float, weight_d
         if weight_decay:
             grad = grad.add(param, alpha=weight_decay)
         param.add_(grad, alpha=-lr)
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer) -> None:
+    """``optimizer.step()``; for ``make_optimizer``'s fused Adam once its moments exist, the same kernel
+    called by ``adam_update``, without the optimiser's per-call Python (a tenth of a FedAAS step)."""
+    group = optimizer.param_groups[0]
+    params = [p for p in group["params"] if p.grad is not None]
+    states = [optimizer.state.get(p) for p in params]
+    plain = (isinstance(optimizer, torch.optim.Adam) and len(optimizer.param_groups) == 1 and group["fused"]
+             and tuple(group["betas"]) == BETAS and group["eps"] == EPS and not group["amsgrad"]
+             and not group["maximize"] and not group.get("decoupled_weight_decay", False))
+    if not plain or not all(states):
+        optimizer.step()
+        return
+    adam_update(params, [p.grad for p in params], [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
+                [s["step"] for s in states], lr=group["lr"], weight_decay=group["weight_decay"])

@@ -143,7 +143,9 @@ class SplitAttentionNet(nn.Module):
         num, index = z[spos], out_at(dst)
         if remote is not None:
             remote_rows, part = remote
-            keep = torch.isin(remote_rows, rows) if used is not None else torch.ones_like(remote_rows, dtype=torch.bool)
+            # (a mask over h's rows: isin sorts both sides at every step)
+            keep = torch.zeros(n, dtype=torch.bool).index_fill_(0, rows, True)[remote_rows] if used is not None \
+                else torch.ones_like(remote_rows, dtype=torch.bool)
             part_num, part_den = part.num[keep], part.den[keep]
             if part.dnum is not None:
                 # Remote terms are constants, but their logits move with the target's query: a

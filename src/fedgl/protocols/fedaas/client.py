@@ -14,7 +14,7 @@ from torch.nn import functional as F
 from ...comm import rpc
 from ...config import ModelConfig, TrainConfig
 from ...models.split_attention import NEGATIVE_SLOPE, Partial, SplitAttentionNet
-from ...optim import make_optimizer
+from ...optim import make_optimizer, optimizer_step
 from ...privacy import PrivacyConfig
 from ...privacy.dp import PrivateRelease, clip
 from ...privacy.bonawitz import SecAggClient
@@ -70,6 +70,8 @@ class FedAASClient(SecureSumParty, HorizontalClient):
         self.local_edges = (self.local_csr.col, _rows(self.local_csr))
         cross = torch.stack([torch.searchsorted(self.remote_ids, shard.cross_edges[1]) + n, shard.cross_edges[0]])
         self.cross_csr = CSR.from_edge_index(cross, n + remote)
+        # each edge's row in the client's own graphs, made once: attention sampling needs it at every step
+        self.edge_rows = {name: _rows(getattr(self, name)) for name in ("local_csr", "full_csr", "cross_csr")}
         layers = len(self.opts.widths)
         # The history store (§4.1): a key a_src·W_q h_w per remote neighbour (0 until seen), and per
         # own node the remote partial received at its last sync, for every layer that crosses clients.
@@ -108,10 +110,16 @@ class FedAASClient(SecureSumParty, HorizontalClient):
 
     def _weights(self, layer: int, csr: CSR, need: Tensor) -> Tensor:
         """Eq. 10's p_vw up to each row's normaliser, aligned with ``csr.col`` (valid on rows ``need``)."""
-        e = self._logits(layer, csr, need)
-        top = torch.full((csr.num_nodes,), float("-inf")).scatter_reduce(0, _rows(csr), e, "amax")
-        return torch.exp(e - top[_rows(csr)])
+        e, rows = self._logits(layer, csr, need), self._edge_rows(csr)
+        top = torch.full((csr.num_nodes,), float("-inf")).scatter_reduce(0, rows, e, "amax")
+        return torch.exp(e - top[rows])
 
+    def _edge_rows(self, csr: CSR) -> Tensor:
+        """Each edge's row of ``csr``: kept for the client's own graphs, which sampling scores at every step."""
+        name = next((name for name in self.edge_rows if getattr(self, name) is csr), None)
+        return _rows(csr) if name is None else self.edge_rows[name]
+
+    @torch.no_grad()
     def _logits(self, layer: int, csr: CSR, need: Tensor) -> Tensor:
         """Eq. 9's e_vw aligned with ``csr.col`` (valid on rows ``need``): scores of own nodes from their
         current embeddings, of remote ones from the stored keys."""
@@ -123,7 +131,7 @@ class FedAASClient(SecureSumParty, HorizontalClient):
         query, key = self.model.query_key(layer, h)
         if layer > 0:
             key = torch.cat([key, self.keys[layer]])
-        return F.leaky_relu(query[_rows(csr)] + key[csr.col], NEGATIVE_SLOPE)
+        return F.leaky_relu(query[self._edge_rows(csr)] + key[csr.col], NEGATIVE_SLOPE)
 
     def _hop(self, csr: CSR, need: Tensor, fanout: int, layer: int | None = None) -> tuple[Tensor, Tensor]:
         """(target own id, column) of up to ``fanout`` picks per node of ``need`` (-1: all), weighted
@@ -211,7 +219,7 @@ class FedAASClient(SecureSumParty, HorizontalClient):
         loss = F.cross_entropy(logits, self.y[step.batch])
         self.optimizer.zero_grad()
         loss.backward()
-        self.optimizer.step()
+        optimizer_step(self.optimizer)
         self.losses.append(float(loss.detach()))
         if self.policy is not None:
             self.policy.learn(self.losses[-1], float((logits.argmax(1) == self.y[step.batch]).float().mean()))
