@@ -169,14 +169,15 @@ class CrossClient(SecureGradientSumParty, HorizontalClient):
             self.plans[name].masking.agree(table)
 
     @rpc(incoming="index", remote="embedding", counts="index", mask_to="index", unmask="index",
-         returns={"sums": "embedding", "counts": "index"})
+         returns={"sums": "embedding", "counts": "index"}, handover=True)
     def propagate(self, layer: int, incoming: dict[str, dict[str, Tensor]] | None = None,
                   remote: dict[str, Tensor] | None = None, counts: dict[str, Tensor] | None = None,
                   mask_to: dict[str, Tensor] | None = None, unmask: dict[str, Tensor] | None = None) -> dict:
         """Receive the cross-owner sums for layer ``layer-1`` (Eq. 6) and return this owner's
         partial sums for layer ``layer`` (Eq. 5): one vector per (target, owner) pair. Secure
         aggregation: ``mask_to`` names every pair's recipient (a row of the request's key table),
-        ``unmask`` which masked vectors went into each received sum (see ``RequestMasking``)."""
+        ``unmask`` which masked vectors went into each received sum (see ``RequestMasking``). Every
+        sum in the reply is made for it alone, so it is handed over (``_serve``)."""
         self._receive(layer, incoming or {})
         self._store(layer - 1, remote or {}, counts or {}, unmask)
         sums, sizes = {}, {}
@@ -221,8 +222,9 @@ class CrossClient(SecureGradientSumParty, HorizontalClient):
             total = plan.masking.mask(encoded, mask_to, layer)
         if every and bool((size == 0).any()):
             total = total[size > 0]
-        if backprop:
+        if backprop:  # kept with its graph; the reply gets its own copy
             plan.sent[layer] = total
+            return total.detach().clone(), size
         return total.detach(), size
 
     @rpc(remote="embedding", counts="index", unmask="index", returns={"gradient": "gradient", "loss": "control"})
