@@ -20,7 +20,7 @@ from ...privacy.bonawitz import SecAggClient
 from ...privacy.secure_aggregation import RequestMasking, decode, encode
 from ...sampling import CSR
 from ..aggregation import SecureGradientSumParty
-from .partial_sums import nonzero_rows, pair_sums, picked_rows
+from .partial_sums import pick_sums
 from .plan import OwnerPlan
 from .routing import OWN
 from .shared import HorizontalClient, sample_hop
@@ -203,22 +203,17 @@ class CrossClient(SecureGradientSumParty, HorizontalClient):
         backprop = self.remote_backprop and layer > 1  # raw features (layer 1) have no gradient
         h_in = plan.inputs(layer - 1, self.model, self.features)
         scale = source_scale(self.model, plan.degree[plan.nodes[layer - 1][src]])
-        rows = picked_rows(h_in if backprop else h_in.detach(), src, scale, dense=self.private is not None)
-        if self.private is not None:  # every row's influence on a sum bounded by max_norm
-            rows = self.private.clip(rows)
-        npairs = int(pair.max()) + 1
-        size = torch.bincount(pair, minlength=npairs)
-        if layer == 1 and self.min_aggregate > 1:
-            # Raw features leave only inside sums of at least ``min_aggregate`` rows that are
-            # non-zero as summed (after dropout); a withheld pair sends count 0 and no vector.
-            nonzero = torch.bincount(pair, weights=nonzero_rows(rows).double(), minlength=npairs)
-            size[nonzero < self.min_aggregate] = 0
+        # Raw features leave only inside sums of at least ``min_aggregate`` rows that are non-zero as
+        # summed (after dropout); a withheld pair sends count 0 and no vector. Under DP every row's
+        # influence on a sum is bounded by max_norm.
         every = self.private is not None or plan.masking is not None
-        total = pair_sums(rows, pair, torch.ones_like(size, dtype=torch.bool) if every else size > 0)
+        total, size = pick_sums(h_in if backprop else h_in.detach(), src, scale, pair,
+                                self.min_aggregate if layer == 1 else 1, every,
+                                self.private.clip if self.private is not None else None)
         if self.private is not None:
             total = self.private.noised(total)
         if plan.masking is not None:  # fixed point, masked for the recipient: the server learns nothing
-            encoded = encode(total, torch.ones(npairs, dtype=torch.long), len(plan.masking.peers))
+            encoded = encode(total, torch.ones(size.numel(), dtype=torch.long), len(plan.masking.peers))
             total = plan.masking.mask(encoded, mask_to, layer)
         if every and bool((size == 0).any()):
             total = total[size > 0]
