@@ -161,9 +161,9 @@ class Assembly:
                 if not served[i]:
                     continue
                 targets, size = route.target_of_pair[first[i]:first[i] + served[i]], replies[c]["counts"][trainer]
+                vectors = replies[c]["sums"][trainer]
                 self.count[trainer].index_add_(0, targets, size)
-                self._rows(replies[c]["sums"][trainer])[trainer].index_add_(0, self._slots(trainer, targets[size > 0]),
-                                                                            replies[c]["sums"][trainer])
+                self._rows(vectors)[trainer].index_add_(0, self._slots(trainer, targets[size > 0]), vectors)
 
     def _rows(self, vectors: Tensor) -> dict[str, Tensor]:
         """Every request's zeroed rows, made on the first reply (its width and dtype: int64 when masked,
