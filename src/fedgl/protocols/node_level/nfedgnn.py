@@ -67,7 +67,8 @@ class SplitOptions(ProtocolOptions):
 
 
 LAM = 1.0  # per_label's unit: the penalty weighs on a user of mean degree as one label's cross-entropy does
-USER_LR = 0.01  # per_label's users: a tenth of the server's 0.1, so their shared start is not stepped over at once
+USER_LR = 0.001  # per_label's users: a hundredth of the server's 0.1, so their shared start is not stepped over
+LATENT = 256  # per_label's model.hidden: a wide projection of the features, which a user's start is (docs/nfedgnn.md)
 # per_label's settings where the config leaves them unset; raw keeps the paper's (docs/nfedgnn.md, "Sparse labels")
 FORM_DEFAULTS = {
     "per_label": {"user_init": "shared", "normalize_features": False, "user_lr": USER_LR, "lr_schedule": "cosine"},
@@ -92,7 +93,7 @@ class NFedGNNOptions(SplitOptions):
                            "false with per_label, true with raw (the paper's)")
     user_lr: float | None = Field(
         USER_LR, gt=0, json_schema_extra={"earlier": None},
-        description="the users' learning rate (None: train.lr, as the paper); unset: 0.01 with per_label, None with raw")
+        description="the users' learning rate (None: train.lr, as the paper); unset: 0.001 with per_label, None with raw")
     lr_schedule: Literal["constant", "cosine"] = Field(
         "cosine", json_schema_extra={"earlier": "constant"},
         description="the server's lr over the run: constant (the paper's) or cosine, from train.lr at round 1 down "
@@ -241,6 +242,12 @@ class NFedGNN(Protocol):
     def paper_training(cls, model: str, optimizer: str) -> dict[str, Any]:
         # §5: Adam, GCN at 0.1; GAT at 0.01, the shared default
         return {"lr": 0.1} if str(model).lower() == "gcn" and optimizer == "adam" else {}
+
+    @classmethod
+    def paper_sections(cls, options: NFedGNNOptions) -> dict[str, dict[str, Any]]:
+        """per_label's users send a ``LATENT``-value latent unless ``model.hidden`` is set: their start ``x_i W0`` is
+        all the server learns of a user no label reaches, and 64 values of it carry too little (CiteSeer)."""
+        return {"model": {"hidden": LATENT}} if options.regulariser == "per_label" else {}
 
     # ---- setup --------------------------------------------------------------------------------------
     def build(self, num_features: int, num_classes: int) -> None:
