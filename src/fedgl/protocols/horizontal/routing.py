@@ -145,8 +145,9 @@ class Assembly:
         self.names = names
         self.storage = storage or (lambda numel, dtype: torch.empty(numel, dtype=dtype))
         self.count = {t: torch.zeros(int(r.target_counts.sum()), dtype=torch.long) for t, r in routes.items()}
-        self.bound = {t: torch.zeros_like(count, dtype=torch.bool).index_fill_(
-            0, r.target_of_pair[r.sendable(fewest)], True) for (t, count), r in zip(self.count.items(), routes.values())}
+        # targets that can receive a vector: those of a pair with at least ``fewest`` picks
+        self.bound = {t: torch.zeros_like(self.count[t], dtype=torch.bool).index_fill_(
+            0, r.target_of_pair[r.sendable(fewest)], True) for t, r in routes.items()}
         self.slot = {t: torch.cumsum(bound, 0) - 1 for t, bound in self.bound.items()}  # row of a bound target
         self.rows: dict[str, Tensor] = {}
 
