@@ -63,10 +63,15 @@ def block_layer(model: Backbone, layer: int, h_in: Tensor, n_dst: int, src: Tens
     """Layer ``layer`` for the first ``n_dst`` rows of ``h_in`` (the layer's input, after dropout)
     from edges src -> dst (positions), plus partial sums of input rows (and their row counts)
     received from other parties for rows ``extra_rows``; ``degree``: in-degrees of ``h_in``'s rows
-    (GCN only; received sums come source-scaled)."""
-    projected = neigh(model, layer, h_in)
+    (GCN only; received sums come source-scaled). Sparse input rows are projected only where picked:
+    each projected row is its own sum, so the picked rows are the ones projecting every row gives."""
+    rows, row_degree = h_in, degree
+    if h_in.layout != torch.strided:
+        picked, src = torch.unique(src, return_inverse=True)
+        rows, row_degree = select_rows(h_in, picked), None if degree is None else degree[picked]
+    projected = neigh(model, layer, rows)
     if model.name == "gcn":
-        projected = projected * source_scale(model, degree)
+        projected = projected * source_scale(model, row_degree)
     total = torch.zeros(n_dst, projected.size(1)).index_add(0, dst, projected[src])
     count = torch.bincount(dst, minlength=n_dst).float()
     if extra_rows is not None and extra_rows.numel():

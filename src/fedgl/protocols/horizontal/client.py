@@ -20,7 +20,7 @@ from ...privacy.bonawitz import SecAggClient
 from ...privacy.secure_aggregation import RequestMasking, decode, encode
 from ...sampling import CSR
 from ..aggregation import SecureGradientSumParty
-from .partial_sums import nonzero_rows, pair_sums, picked_rows
+from .partial_sums import pick_sums
 from .plan import OwnerPlan
 from .routing import OWN
 from .shared import HorizontalClient, sample_hop
@@ -169,14 +169,15 @@ class CrossClient(SecureGradientSumParty, HorizontalClient):
             self.plans[name].masking.agree(table)
 
     @rpc(incoming="index", remote="embedding", counts="index", mask_to="index", unmask="index",
-         returns={"sums": "embedding", "counts": "index"})
+         returns={"sums": "embedding", "counts": "index"}, handover=True)
     def propagate(self, layer: int, incoming: dict[str, dict[str, Tensor]] | None = None,
                   remote: dict[str, Tensor] | None = None, counts: dict[str, Tensor] | None = None,
                   mask_to: dict[str, Tensor] | None = None, unmask: dict[str, Tensor] | None = None) -> dict:
         """Receive the cross-owner sums for layer ``layer-1`` (Eq. 6) and return this owner's
         partial sums for layer ``layer`` (Eq. 5): one vector per (target, owner) pair. Secure
         aggregation: ``mask_to`` names every pair's recipient (a row of the request's key table),
-        ``unmask`` which masked vectors went into each received sum (see ``RequestMasking``)."""
+        ``unmask`` which masked vectors went into each received sum (see ``RequestMasking``). Every
+        sum in the reply is made for it alone, so it is handed over (``_serve``)."""
         self._receive(layer, incoming or {})
         self._store(layer - 1, remote or {}, counts or {}, unmask)
         sums, sizes = {}, {}
@@ -202,27 +203,23 @@ class CrossClient(SecureGradientSumParty, HorizontalClient):
         backprop = self.remote_backprop and layer > 1  # raw features (layer 1) have no gradient
         h_in = plan.inputs(layer - 1, self.model, self.features)
         scale = source_scale(self.model, plan.degree[plan.nodes[layer - 1][src]])
-        rows = picked_rows(h_in if backprop else h_in.detach(), src, scale, dense=self.private is not None)
-        if self.private is not None:  # every row's influence on a sum bounded by max_norm
-            rows = self.private.clip(rows)
-        npairs = int(pair.max()) + 1
-        size = torch.bincount(pair, minlength=npairs)
-        if layer == 1 and self.min_aggregate > 1:
-            # Raw features leave only inside sums of at least ``min_aggregate`` rows that are
-            # non-zero as summed (after dropout); a withheld pair sends count 0 and no vector.
-            nonzero = torch.bincount(pair, weights=nonzero_rows(rows).double(), minlength=npairs)
-            size[nonzero < self.min_aggregate] = 0
+        # Raw features leave only inside sums of at least ``min_aggregate`` rows that are non-zero as
+        # summed (after dropout); a withheld pair sends count 0 and no vector. Under DP every row's
+        # influence on a sum is bounded by max_norm.
         every = self.private is not None or plan.masking is not None
-        total = pair_sums(rows, pair, torch.ones_like(size, dtype=torch.bool) if every else size > 0)
+        total, size = pick_sums(h_in if backprop else h_in.detach(), src, scale, pair,
+                                self.min_aggregate if layer == 1 else 1, every,
+                                self.private.clip if self.private is not None else None)
         if self.private is not None:
             total = self.private.noised(total)
         if plan.masking is not None:  # fixed point, masked for the recipient: the server learns nothing
-            encoded = encode(total, torch.ones(npairs, dtype=torch.long), len(plan.masking.peers))
+            encoded = encode(total, torch.ones(size.numel(), dtype=torch.long), len(plan.masking.peers))
             total = plan.masking.mask(encoded, mask_to, layer)
         if every and bool((size == 0).any()):
             total = total[size > 0]
-        if backprop:
+        if backprop:  # kept with its graph; the reply gets its own copy
             plan.sent[layer] = total
+            return total.detach().clone(), size
         return total.detach(), size
 
     @rpc(remote="embedding", counts="index", unmask="index", returns={"gradient": "gradient", "loss": "control"})

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
+
+from ...errors import RunFailed
 
 
 @dataclass
@@ -127,68 +129,75 @@ class Assembly:
     """Eq. (6) as the owners' replies arrive: each target's partial sums added over owners.
 
     The server folds in the replies of a batch of owners (``add``) and drops them, so it never
-    holds every owner's reply at once, only one row per target that has received a vector so far
-    (a withheld pair carries no vector, and a target none of whose pairs carried one gets no row).
-    A target's row is made when its first vector arrives, in a block per ``add``; the vectors of a
-    target are added in owner order however the owners were batched, so the sums are the same bit
-    for bit as one sum over all replies. Batches must come in owner order (the order of
-    ``names``). Counts cover every pair and target.
+    holds every owner's reply at once, only one row per target that can receive a vector (one of
+    its pairs has at least ``fewest`` picks: a pair with fewer is withheld), made when the first
+    vector arrives in one block for every request (from ``storage``, kept from round to round) and
+    laid out by target owner, so each recipient's sums leave as one slice of it (copied only where a
+    target received nothing). The vectors of a target are added in owner order however the owners
+    were batched, onto a zero row, so the sums are the same bit for bit as one sum over all replies.
+    Batches must come in owner order (the order of ``names``). Counts cover every pair and target.
     """
 
-    def __init__(self, routes: dict[str, LayerRoute], names: list[str]):
+    def __init__(self, routes: dict[str, LayerRoute], names: list[str], fewest: int = 1,
+                 storage: Callable[[int, torch.dtype], Tensor] | None = None):
         self.routes = routes
         self.index = {name: i for i, name in enumerate(names)}
         self.names = names
+        self.storage = storage or (lambda numel, dtype: torch.empty(numel, dtype=dtype))
         self.count = {t: torch.zeros(int(r.target_counts.sum()), dtype=torch.long) for t, r in routes.items()}
-        self.slot = {t: torch.full_like(count, -1) for t, count in self.count.items()}  # row of each target
-        self.blocks: dict[str, list[Tensor]] = {t: [] for t in routes}
+        # targets that can receive a vector: those of a pair with at least ``fewest`` picks
+        self.bound = {t: torch.zeros_like(self.count[t], dtype=torch.bool).index_fill_(
+            0, r.target_of_pair[r.sendable(fewest)], True) for t, r in routes.items()}
+        self.slot = {t: torch.cumsum(bound, 0) - 1 for t, bound in self.bound.items()}  # row of a bound target
+        self.rows: dict[str, Tensor] = {}
 
     def add(self, replies: dict[str, dict[str, dict[str, Tensor]]]) -> None:
         """Fold in ``{owner: {"sums": {trainer: vectors}, "counts": {trainer: rows per pair}}}``."""
         owners = sorted(replies, key=self.index.__getitem__)
         for trainer, route in self.routes.items():
-            first = torch.cumsum(route.pair_counts, 0) - route.pair_counts
-            mine = [(self.index[c], replies[c]) for c in owners if route.pair_counts[self.index[c]] > 0]
-            if not mine:
-                continue
-            targets = [route.target_of_pair[first[i]:first[i] + route.pair_counts[i]] for i, _ in mine]
-            sizes = [r["counts"][trainer] for _, r in mine]
-            self.count[trainer].index_add_(0, torch.cat(targets), torch.cat(sizes))
-            self._sum(trainer, [t[n > 0] for t, n in zip(targets, sizes)], [r["sums"][trainer] for _, r in mine])
+            first = (torch.cumsum(route.pair_counts, 0) - route.pair_counts).tolist()
+            served = route.pair_counts.tolist()
+            for c in owners:
+                i = self.index[c]
+                if not served[i]:
+                    continue
+                targets, size = route.target_of_pair[first[i]:first[i] + served[i]], replies[c]["counts"][trainer]
+                vectors = replies[c]["sums"][trainer]
+                self.count[trainer].index_add_(0, targets, size)
+                self._rows(vectors)[trainer].index_add_(0, self._slots(trainer, targets[size > 0]), vectors)
 
-    def _sum(self, trainer: str, targets: list[Tensor], vectors: list[Tensor]) -> None:
-        """Add each owner's ``vectors`` to the rows of its ``targets``, owner after owner (rows made for
-        targets seen for the first time), straight from the replies: no copy of a vector is made."""
-        slot, blocks = self.slot[trainer], self.blocks[trainer]
-        every = torch.cat(targets)
-        fresh = torch.unique(every[slot[every] < 0])
-        if fresh.numel() or not blocks:
-            made = sum(b.size(0) for b in blocks)
-            slot[fresh] = torch.arange(made, made + fresh.numel())
-            # int64 (masked) sums wrap in the ring
-            blocks.append(vectors[0].new_zeros(fresh.numel(), vectors[0].size(1)))
-        for owner_targets, owner_vectors in zip(targets, vectors):
-            row, start = slot[owner_targets], 0
-            for block in blocks:
-                inside = (row >= start) & (row < start + block.size(0))
-                if bool(inside.all()):
-                    block.index_add_(0, row - start, owner_vectors)
-                elif bool(inside.any()):
-                    block.index_add_(0, row[inside] - start, owner_vectors[inside])
-                start += block.size(0)
+    def _rows(self, vectors: Tensor) -> dict[str, Tensor]:
+        """Every request's zeroed rows, made on the first reply (its width and dtype: int64 when masked,
+        which wraps in the ring)."""
+        if not self.rows:
+            sizes = [int(bound.sum()) for bound in self.bound.values()]
+            width = vectors.size(1)
+            block = self.storage(sum(sizes) * width, vectors.dtype).view(sum(sizes), width).zero_()
+            self.rows = dict(zip(self.routes, block.split(sizes)))
+        return self.rows
+
+    def _slots(self, trainer: str, targets: Tensor) -> Tensor:
+        """The rows of ``targets``, which were sent a vector; a vector for a pair of too few picks
+        (one its owner had to withhold) is refused."""
+        slot = self.slot[trainer][targets]
+        if not bool(self.bound[trainer][targets].all()):
+            raise RunFailed("an owner sent a partial sum for a pair with too few picks to be sent (min_aggregate)")
+        return slot
 
     def result(self) -> tuple[dict[str, dict[str, Tensor]], dict[str, dict[str, Tensor]]]:
         """``({target owner: {trainer: one row per target with a vector}}, {target owner: {trainer:
-        count per target}})``, releasing the assembled rows trainer by trainer."""
+        count per target}})``: slices of the assembled rows where every target that could receive a
+        vector did, their received rows otherwise."""
         remote: dict[str, dict[str, Tensor]] = {}
         counts: dict[str, dict[str, Tensor]] = {}
         for trainer, route in self.routes.items():
-            blocks = self.blocks.pop(trainer)
-            rows = torch.cat(blocks) if len(blocks) > 1 else blocks[0]
             split = route.target_counts.tolist()
-            for c, cnt, slot in zip(self.names, self.count[trainer].split(split), self.slot[trainer].split(split)):
+            bound = self.bound[trainer].split(split)
+            rows = self.rows[trainer].split([int(b.sum()) for b in bound])
+            for c, cnt, held, row in zip(self.names, self.count[trainer].split(split), bound, rows):
                 if cnt.numel():
-                    remote.setdefault(c, {})[trainer] = rows[slot[cnt > 0]]
+                    got = (cnt > 0)[held]
+                    remote.setdefault(c, {})[trainer] = row if bool(got.all()) else row[got]
                     counts.setdefault(c, {})[trainer] = cnt
+        self.rows = {}
         return remote, counts
-

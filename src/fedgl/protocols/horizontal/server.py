@@ -47,14 +47,14 @@ from __future__ import annotations
 
 import math
 import secrets
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from pydantic import Field, field_validator
 from torch import Tensor
 from torch_geometric.data import Data
 
-from ...comm.payload import nbytes
+from ...comm.payload import nbytes, outbox
 from ...config import ModelConfig
 from ...errors import ConfigError
 from ...evaluation import Evaluator
@@ -161,6 +161,9 @@ class CrossClientProtocol(Protocol):
             torch.manual_seed(self.cfg.seed)
             self.model = make_model(self.cfg.model, num_features, num_classes)
         self.optimizer = self.server_optimizer()
+        # Per layer, the storage the per-target sums are assembled in, kept from round to round (faulting
+        # in a gigabyte afresh every round costs more than adding into it).
+        self.assembled: dict[int, Callable[[int, torch.dtype], Tensor]] = {}
 
     def server_optimizer(self) -> torch.optim.Optimizer:
         return make_optimizer(self.model.parameters(), self.cfg.train)
@@ -269,7 +272,7 @@ class CrossClientProtocol(Protocol):
                 call["mask_to"] = self.recipients(c, channels, peer_of) if c in requests[layer] else None
             return {key: None if v is None else handles.to(c, v) for key, v in call.items()}
 
-        assembly = Assembly(routes, self.clients)
+        assembly = Assembly(routes, self.clients, self.fewest(layer), self.assembled.setdefault(layer, outbox()))
         sizes: dict[str, dict[str, Tensor]] = {}
 
         def fold(batch: list[tuple[str, dict]]) -> None:
@@ -288,6 +291,11 @@ class CrossClientProtocol(Protocol):
         return *assembly.result(), sizes, unmask
 
     # ---- the memory budget of a cross-client step ---------------------------------------------------------
+    def fewest(self, layer: int) -> int:
+        """The fewest picks a pair of layer ``layer`` needs to carry a vector (first-layer pairs below
+        ``min_aggregate`` are withheld)."""
+        return self.opts.min_aggregate if layer == 1 else 1
+
     def reply_bytes(self, layer: int, routes: dict[str, LayerRoute]) -> tuple[Tensor, int]:
         """Upper bounds, before any owner replies, of each owner's ``propagate`` reply for layer
         ``layer`` (a vector per pair that can carry one, a count per pair) and of the per-target sums
@@ -295,11 +303,10 @@ class CrossClientProtocol(Protocol):
         target), in bytes. Vectors have the layer's input width, in int64 when masked."""
         dtype = torch.int64 if self.cfg.privacy.secure_aggregation else torch.float32
         width = first_linear(self.model, layer - 1).weight.size(1) * dtype.itemsize
-        fewest = self.opts.min_aggregate if layer == 1 else 1  # first-layer pairs below it are withheld
         owners = torch.arange(len(self.clients))
         replies, assembled = torch.zeros(len(self.clients), dtype=torch.long), 0
         for route in routes.values():
-            sendable = route.sendable(fewest)
+            sendable = route.sendable(self.fewest(layer))
             owner = torch.repeat_interleave(owners, route.pair_counts)
             replies += torch.bincount(owner[sendable], minlength=owners.numel()) * width + \
                 route.pair_counts * torch.int64.itemsize
