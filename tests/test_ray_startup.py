@@ -54,7 +54,8 @@ def stand_in_ray(log: list) -> SimpleNamespace:
                              RayTaskError=type("RayTaskError", (Exception,), {}))
     return SimpleNamespace(state=state, is_initialized=lambda: state.up, shutdown=lambda: setattr(state, "up", False),
                            get=get, remote=actor_class, kill=lambda actor: log.append(("kill", None)),
-                           exceptions=errors, cluster_resources=dict)
+                           exceptions=errors, cluster_resources=dict,
+                           get_runtime_context=lambda: SimpleNamespace(gcs_address="127.0.0.1:6379"))
 
 
 @pytest.fixture
@@ -123,8 +124,31 @@ def test_hosts_start_side_by_side_and_the_driver_waits_once(monkeypatch):
     assert steps.count("host") == 2 and steps.count("send") == 4
     assert steps.index("get") > max(i for i, kind in enumerate(steps) if kind == "send")  # all sent, then waited
     assert transport.call_many(names, "bump") == [1, 1, 1, 1]
-    transport.close()
-    assert ("kill", None) in log
+
+
+def test_a_runs_hosts_are_emptied_and_the_next_run_starts_none(monkeypatch):
+    """On a local Ray a finished run's hosts are emptied (its parties gone) and the process's next run places
+    its parties on them instead of starting new ones; on a cluster they are stopped."""
+    log: list = []
+    monkeypatch.setitem(__import__("sys").modules, "ray", stand_in_ray(log))
+    from fedgl.comm import ray_transport
+
+    monkeypatch.setattr(ray_transport, "init_ray", lambda *args: False)
+    monkeypatch.setattr(ray_transport, "_IDLE", {})
+    first = ray_transport.RayTransport(actors=2)
+    first.spawn(Counter, [dict(name=f"c{i}", seed=i) for i in range(4)])
+    assert first.call_many(["c0", "c1"], "bump") == [1, 1]
+    hosts = list(first._hosts)
+    first.close()
+    assert ("send", "clear") in log and ("kill", None) not in log
+    log.clear()
+    second = ray_transport.RayTransport(actors=2)
+    second.spawn(Counter, [dict(name=f"c{i}", seed=i) for i in range(4)])
+    assert [kind for kind, _ in log].count("host") == 0 and sorted(map(id, second._hosts)) == sorted(map(id, hosts))
+    assert second.call_many(["c0", "c1"], "bump") == [1, 1]  # new parties: the old counts are gone
+    second._keeps_hosts = False  # as on a cluster (backend.address set)
+    second.close()
+    assert log.count(("kill", None)) == 2 and not any(ray_transport._IDLE.values())
 
 
 def test_a_guess_the_config_overrules_does_not_fail_the_run(monkeypatch):

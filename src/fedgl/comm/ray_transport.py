@@ -15,6 +15,7 @@ first host as soon as it exists and sends every party it makes without waiting, 
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -30,6 +31,11 @@ from .payload import broadcast_base
 from .ray_cluster import init_ray
 from .shard_file import EVALUATOR_PARTY, load_evaluator
 from .transport import Transport
+
+# Hosts of finished runs on a local Ray, emptied and kept for this process's next run with the same Ray,
+# threads and device (``RayTransport.close``): a new host is a Python process importing torch, most of
+# what a short run on Ray costs over one in-process.
+_IDLE: dict[tuple[Any, ...], list[Any]] = {}
 
 
 class _Array:
@@ -90,11 +96,18 @@ class PartyHost(metaclass=Sealed):
     """A Ray actor holding several parties (a ``PartyGroup``), with its own torch thread count. Its
     methods are all the driver can call: set-up (``add`` in a simulation, ``add_from_file`` where a
     deployed party reads its own shard), ``@rpc`` calls, and verbs that keep party states inside the
-    host (``hold``/``roll_back``, each party's own checkpoint file ``save``/``load``)."""
+    host (``hold``/``roll_back``, each party's own checkpoint file ``save``/``load``), and ``clear`` at a
+    run's end."""
 
     def __init__(self, threads: int, device: str = "cpu"):
         torch.set_num_threads(threads)
+        self._device = device
         self._group = PartyGroup(device)
+
+    def clear(self) -> None:
+        """Drop every party, its data and state: the run is over and the host waits for the next one."""
+        self._group = PartyGroup(self._device)
+        gc.collect()
 
     def add(self, name: str, cls: type[Party], kwargs: dict[str, Any]) -> None:
         self._group.add(name, cls, kwargs)
@@ -174,6 +187,7 @@ class RayTransport(Transport):
             raise ConfigError("backend 'ray' needs the ray package: pip install 'fedgl[ray]'") from exc
         self._ray = ray
         self._owns_ray = init_ray(ray, address, connect_timeout_s, auth)  # token authentication, loopback
+        self._keeps_hosts = address is None  # a cluster's hosts are stopped after each run
         if self._device == "cuda" and not ray.cluster_resources().get("GPU"):  # no host could ever start
             if self._owns_ray:
                 ray.shutdown()
@@ -234,7 +248,13 @@ class RayTransport(Transport):
         self._gather({0: self._send(self._hosts[self._place(name)], "add_from_file", name, cls_path, path, sha256)})
 
     def _new_host(self, node: str | None) -> Any:
+        idle = _IDLE.get(self._host_key(node)) if self._keeps_hosts else None
+        if idle:
+            return idle.pop()
         return self._pinned(PartyHost, node).remote(torch.get_num_threads(), self._device)
+
+    def _host_key(self, node: str | None) -> tuple[Any, ...]:
+        return self._ray.get_runtime_context().gcs_address, node, torch.get_num_threads(), self._device
 
     def evaluator_from_file(self, path: str, sha256: str) -> RemoteEvaluator:
         node = self._nodes.get(EVALUATOR_PARTY)
@@ -296,8 +316,17 @@ class RayTransport(Transport):
                            for method, args in (self._specs[name] for name in mine)])
 
     def close(self) -> None:
-        """Stop this run's hosts. A Ray instance this process started stays up for the process's next
-        runs (Ray stops it when the process exits); one it only joined is left as it was."""
-        for host in self._hosts:
+        """End this run. On a local Ray its hosts are emptied and kept for the process's next run (a bench's
+        runs start no new host); on a cluster, or where emptying fails, they are stopped. A Ray instance
+        this process started stays up for its next runs (Ray stops it when the process exits); one it only
+        joined is left as it was."""
+        for h, host in enumerate(self._hosts):
+            if self._keeps_hosts and h not in self._dead:
+                try:
+                    self._ray.get(self._send(host, "clear"))
+                    _IDLE.setdefault(self._host_key(self._host_nodes[h]), []).append(host)
+                    continue
+                except (self._ray.exceptions.RayActorError, self._ray.exceptions.RayTaskError):
+                    pass
             self._ray.kill(host)
         self._hosts.clear()
