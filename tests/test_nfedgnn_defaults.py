@@ -10,7 +10,7 @@ import torch
 from test_nfedgnn import setup_protocol, toy_graph
 
 from fedgl.config import build_config
-from fedgl.protocols.node_level.nfedgnn import LAM, USER_LR, NFedGNN, cosine_lr, label_reach
+from fedgl.protocols.node_level.nfedgnn import LAM, LATENT, USER_LR, NFedGNN, cosine_lr, label_reach
 from fedgl.models.split_node import prepare_server_graph
 
 
@@ -38,6 +38,16 @@ def test_the_default_is_the_per_label_penalty_at_one_lambda_with_the_librarys_us
     opts = options()
     assert (opts["regulariser"], opts["lam"]) == ("per_label", LAM)
     assert user_side(opts) == ("shared", False, USER_LR, "cosine")
+
+
+def test_per_label_users_send_a_wide_latent_unless_the_width_is_set():
+    """The users no label reaches are read from their start alone, so the per-label form widens it (CiteSeer:
+    docs/nfedgnn.md); the paper's form and CNFGNN keep the shared width, and a set width is kept."""
+    def hidden(protocol: dict, model: dict | None = None) -> int:
+        return build_config({"protocol": protocol, "model": model or {}}).model.hidden
+    assert hidden({"name": "nfedgnn"}) == LATENT == 256
+    assert hidden({"name": "nfedgnn", "regulariser": "raw"}) == hidden({"name": "cnfgnn"}) == 64
+    assert hidden({"name": "nfedgnn"}, {"hidden": 32}) == 32
 
 
 def test_raw_keeps_the_papers_users_and_set_values_win():
