@@ -33,11 +33,11 @@ from ...config import TrainConfig
 from ...evaluation import Evaluator
 from ...models.split_node import (
     BatchedOptimizer,
+    OffsetWeights,
     ServerGraph,
     SplitShape,
     UserFeatures,
     build_server_model,
-    OffsetWeights,
     init_support_weights,
     laplacian_penalty,
     prepare_server_graph,
