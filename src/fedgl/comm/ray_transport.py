@@ -320,13 +320,15 @@ class RayTransport(Transport):
         runs start no new host); on a cluster, or where emptying fails, they are stopped. A Ray instance
         this process started stays up for its next runs (Ray stops it when the process exits); one it only
         joined is left as it was."""
+        live = [h for h in range(len(self._hosts)) if h not in self._dead] if self._keeps_hosts else []
+        cleared = {h: self._send(self._hosts[h], "clear") for h in live}  # all sent, then waited for
         for h, host in enumerate(self._hosts):
-            if self._keeps_hosts and h not in self._dead:
-                try:
-                    self._ray.get(self._send(host, "clear"))
+            try:
+                if h in cleared:
+                    self._ray.get(cleared[h])
                     _IDLE.setdefault(self._host_key(self._host_nodes[h]), []).append(host)
                     continue
-                except (self._ray.exceptions.RayActorError, self._ray.exceptions.RayTaskError):
-                    pass
+            except (self._ray.exceptions.RayActorError, self._ray.exceptions.RayTaskError):
+                pass
             self._ray.kill(host)
         self._hosts.clear()

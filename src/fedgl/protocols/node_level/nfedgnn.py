@@ -161,14 +161,15 @@ class UserPopulation(Party):
     @rpc(users="index", returns=Rows("embedding"))
     def embed(self, users: Tensor | None = None) -> Tensor:
         """Each listed user drops out its own features, projects them and keeps the mask for ``update``."""
+        if self.offset is not None:  # no user dropout in this form (NFedGNNOptions), no support rows to pick
+            self.pending = (users, None, None)
+            return self.release(self.offset.latents(users))
         idx, pos, rows = self._selection(users)
         scale = None
         if self.dropout > 0:
             keep = torch.rand(pos.numel()) >= self.dropout
             scale = keep.float() / (1 - self.dropout)
         self.pending = (users, idx, scale)
-        if self.offset is not None:  # no user dropout in this form (NFedGNNOptions)
-            return self.release(self.offset.latents(users))
         return self.release(project(self.features, self.weight, idx, pos, scale, rows))
 
     @rpc(grad=Rows("gradient"), users="index")
