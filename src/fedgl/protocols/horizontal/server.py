@@ -106,7 +106,7 @@ class CrossClientOptions(MiniBatchOptions):
                                   "phase of a cross-client step: the per-target sums it assembles and forwards plus "
                                   "the owners' replies not yet added in; it asks the owners in batches that fit "
                                   "(same messages, same results) and stops with an error when one owner's reply "
-                                  "beside the sums does not")
+                                  "beside the sums does not; the sums' storage is kept between steps")
 
 
 class CrossClientProtocol(Protocol):
