@@ -30,7 +30,7 @@ def test_a_run_summary_keeps_the_last_rounds_training_loss(tmp_path):
 
 def test_a_protocol_fills_the_settings_its_defaults_need_and_keeps_given_ones():
     """At its defaults LLCG trains the paper's GraphSAGE (the shared GCN is refused) and FedAAS's clients
-    hold training nodes (its server-side interval loss needs the others); a given setting is kept, and
+    hold every node but the test nodes (its server-side interval loss reads those); a given setting is kept, and
     refused in one line where it does not fit."""
     import pytest
 
@@ -41,7 +41,7 @@ def test_a_protocol_fills_the_settings_its_defaults_need_and_keeps_given_ones():
     llcg = build_config({"protocol": {"name": "llcg"}})
     assert llcg.model.name == "sage" and build_config({"protocol": {"name": "fedavg"}}).model.name == "gcn"
     for name in ("fedaas", "fedaas2"):
-        assert build_config({"protocol": {"name": name}}).partition.client_nodes == "train"
+        assert build_config({"protocol": {"name": name}}).partition.client_nodes == "non-test"
     assert build_config({"protocol": {"name": "fedaas", "interval_loss": "train"}}).partition.client_nodes == "all"
     given = {"dataset": {"name": "synthetic", "options": {"num_nodes": 120}}, "train": {"rounds": 1}}
     with pytest.raises(ConfigError, match="model.name 'gcn' cannot be split"):

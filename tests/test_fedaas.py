@@ -338,7 +338,7 @@ def test_bad_options_are_config_errors(protocol, match):
 
 def test_server_interval_loss_needs_held_out_nodes(tmp_path):
     cfg = config({"interval_loss": "server"})
-    cfg["partition"] |= {"client_nodes": "all"}  # unset, FedAAS takes "train"
+    cfg["partition"] |= {"client_nodes": "all"}  # unset, FedAAS takes "non-test"
     with pytest.raises(ConfigError, match="held-out nodes"):
         Run(build_config(cfg), tmp_path)
     cfg["partition"] |= {"client_nodes": "train", "method": "stratified"}

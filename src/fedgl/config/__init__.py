@@ -54,7 +54,7 @@ class PartitionConfig(Section):
     cross_edge_drop: float = Field(0.0, ge=0, lt=1, description="horizontal: drop ratio of cross-client edges")
     drop_unit: Literal["pair", "entry"] = Field("pair", description=(
         "horizontal: what one drop draw decides: a node pair, or each direction (a pair stays while either does)"))
-    client_nodes: Literal["all", "train", "train+val"] = Field("all", description=(
+    client_nodes: Literal["all", "train", "train+val", "non-test"] = Field("all", description=(
         "horizontal: which nodes clients own; the others (held out) are owned by no client"))
     edge_keep: float = Field(0.8, gt=0, le=1, description="vertical: share of edges each client keeps")
     label_holder: int | None = Field(None, ge=0, description="vertical: the only client holding labels")

@@ -6,9 +6,10 @@ Swift-FedGNN, FedAAS and LLCG). The assignment methods span the usual experiment
 (few cut edges, as in Swift-FedGNN), Louvain communities, Dirichlet label skew, uniform random
 (many cut edges) and stratified (FedAAS's iid "shards": every class split equally).
 
-``client_nodes`` says which nodes clients own: all of them, or (FedAAS, whose clients hold training
-nodes only) the training or training and validation nodes. The others are held out at the server
-and every edge touching them is absent from the client shards.
+``client_nodes`` says which nodes clients own: all of them; every node but the test nodes (FedAAS's
+default: the paper keeps its test set at the server); or (the FedAAS authors' code) the training, or
+training and validation, nodes. The others are held out at the server and every edge touching them is
+absent from the client shards.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ _CLIENT_NODES: dict[str, tuple[Callable[[GraphTensors], Tensor], str]] = {
     "all": (lambda g: torch.ones(g.num_nodes, dtype=torch.bool), "nodes"),
     "train": (lambda g: g.train_mask, "training nodes"),
     "train+val": (lambda g: g.train_mask | g.val_mask, "training and validation nodes"),
+    "non-test": (lambda g: ~g.test_mask, "nodes outside the test split"),
 }
 
 
@@ -69,7 +71,7 @@ def partition_horizontal(
     client_nodes: str = "all",
     drop_unit: str = "pair",
 ) -> HorizontalPartition:
-    """Split the client nodes of ``data`` (``client_nodes``: all, train, train+val) among
+    """Split the client nodes of ``data`` (``client_nodes``: all, train, train+val, non-test) among
     ``num_clients`` clients; nodes left out get ``owner == -1`` and go to the server shard.
 
     ``alpha`` is the Dirichlet concentration (method "dirichlet"). ``edge_drop`` removes each
