@@ -16,31 +16,29 @@ DATASETS = ("cora", "citeseer", "pubmed", "computers")
 COLUMNS = ["test_accuracy", "final_test_accuracy", "final_train_loss", "bytes_total", "wall_ms_per_round"]
 
 
+def _task(name: str, description: str, variants: list[Variant]) -> BenchTask:
+    """A task of runs at the defaults: one seed, nothing set but what the variants name."""
+    return BenchTask(name=name, description=description, base={}, variants=variants, columns=COLUMNS, seeds=1,
+                     quick={"train.rounds": 2}, source="not in a paper: the library's defaults")
+
+
 def defaults_task() -> BenchTask:
-    variants = [Variant(f"{dataset} {protocol}", {"dataset.name": dataset, "protocol.name": protocol})
-                for dataset in DATASETS for protocol in REGISTRY]
-    return BenchTask(
-        name="defaults",
-        description="Every registered protocol at its defaults (nothing set but protocol and dataset) on Cora, "
-                    "CiteSeer, PubMed and Amazon Computers: test accuracy at the best-validation round and at the "
-                    "last, the last round's training loss and the bytes sent.",
-        base={}, variants=variants, columns=COLUMNS, seeds=1, quick={"train.rounds": 2},
-        source="not in a paper: the library's defaults")
+    return _task("defaults", "Every registered protocol at its defaults (nothing set but protocol and dataset) on "
+                 "Cora, CiteSeer, PubMed and Amazon Computers: test accuracy at the best-validation round and at "
+                 "the last, the last round's training loss and the bytes sent.",
+                 [Variant(f"{dataset} {protocol}", {"dataset.name": dataset, "protocol.name": protocol})
+                  for dataset in DATASETS for protocol in REGISTRY])
 
 
 def fedaas_nodes_task() -> BenchTask:
     """Why FedAAS's clients hold every node but the test nodes at its defaults: the same runs with the
     authors' code's training nodes only, on the graphs that label 20 nodes a class."""
-    variants = [Variant(f"{dataset} fedaas {nodes}", {"dataset.name": dataset, "protocol.name": "fedaas",
-                                                      "partition.client_nodes": nodes})
-                for dataset in DATASETS[:3] for nodes in ("train", "non-test")]
-    return BenchTask(
-        name="defaults-fedaas-nodes",
-        description="FedAAS at its defaults on Cora, CiteSeer and PubMed with the clients holding every node but "
-                    "the test nodes (non-test: the default, the paper's text) or the training nodes only (train: "
-                    "the authors' code, which the paper benches keep).",
-        base={}, variants=variants, columns=COLUMNS, seeds=1, quick={"train.rounds": 2},
-        source="not in a paper: the library's defaults")
+    return _task("defaults-fedaas-nodes", "FedAAS at its defaults on Cora, CiteSeer and PubMed with the clients "
+                 "holding every node but the test nodes (non-test: the default, the paper's text) or the training "
+                 "nodes only (train: the authors' code, which the paper benches keep).",
+                 [Variant(f"{dataset} fedaas {nodes}", {"dataset.name": dataset, "protocol.name": "fedaas",
+                                                        "partition.client_nodes": nodes})
+                  for dataset in DATASETS[:3] for nodes in ("train", "non-test")])
 
 
 TASKS = {task.name: task for task in (defaults_task(), fedaas_nodes_task())}
