@@ -56,16 +56,9 @@ def test_a_protocol_fills_the_settings_its_defaults_need_and_keeps_given_ones():
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "defaults"
 
 
-# Runs of the task not committed yet (docs/defaults.md says so): FedAll on Computers synchronises every
-# neighbour at every step and had not finished when the table was committed.
-PENDING = {"computers fedall"}
-
-
 def test_the_committed_defaults_table_has_every_protocol_on_every_dataset():
     runs = json.loads((RESULTS / "results.json").read_text())
-    expected = {f"{d} {p}" for d in DATASETS for p in REGISTRY}
-    assert PENDING <= expected
-    assert sorted(r["variant"] for r in runs) == sorted(expected - PENDING)
+    assert sorted(r["variant"] for r in runs) == sorted(f"{d} {p}" for d in DATASETS for p in REGISTRY)
 
 
 def test_every_protocol_learns_at_its_defaults(data_root):
