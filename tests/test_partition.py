@@ -357,7 +357,7 @@ def test_errors_are_one_line_and_informative(build, message: str) -> None:
     assert message in text and "\n" not in text
 
 
-# ---- FedAAS's setting: clients own training nodes only, stratified shards, the server shard -------------
+# ---- FedAAS's setting: clients own a subset of the nodes, stratified shards, the server shard -----------
 CLIENT_NODES = {"train": lambda d: d.train_mask, "train+val": lambda d: d.train_mask | d.val_mask,
                 "non-test": lambda d: ~d.test_mask}
 
