@@ -180,7 +180,8 @@ def peers(quick: bool, place: Place = CPU) -> list[Measure]:
     """The peer setting: examples/fedavg-cora.yaml (FedAvg, Cora, 10 METIS clients, 100 rounds,
     3 local epochs, GCN 64, Adam 0.01, evaluation every round): the whole ``fedgl run`` process in-process
     and on Ray, and OpenFGL's FedAvg in the same setting (benchmarks/peers_openfgl.py) when its source is
-    found. Each repeat runs the processes one after another (three repeats, one with ``--quick``), after
+    found; 1-round runs on both backends split Ray's gap into what it costs once and what it costs a round.
+    Each repeat runs the processes one after another (three repeats, one with ``--quick``), after
     one untimed OpenFGL run that writes its client files; medians are reported, and each ratio is of
     medians over the same repeats. The targets are the 2-core CPU machine's; a GPU pass reports the same
     measures without them (its processes also start CUDA) and leaves OpenFGL out."""
@@ -194,9 +195,10 @@ def peers(quick: bool, place: Place = CPU) -> list[Measure]:
     repeats = 1 if quick else 3
     note = f"median of {repeats} runs"
     with tempfile.TemporaryDirectory() as tmp:
-        argv = {side: openfgl.fedgl_command(Path(tmp) / side, 100, "--set", f"device={place.name}", "--backend", side)
-                for side in ("local", "ray")}
-        runs: dict[str, list] = {"local": [], "ray": [], **({"openfgl": []} if source else {})}
+        argv = {f"{side}{tag}": openfgl.fedgl_command(Path(tmp) / f"{side}{tag}", rounds, "--set",
+                                                      f"device={place.name}", "--backend", side)
+                for side in ("local", "ray") for tag, rounds in (("", 100), ("-1", 1))}
+        runs: dict[str, list] = {side: [] for side in argv} | ({"openfgl": []} if source else {})
         per_round = []
         try:
             if source:
@@ -217,7 +219,15 @@ def peers(quick: bool, place: Place = CPU) -> list[Measure]:
                    "ms", ms, f"{note}, read from their summaries"),
            Measure("peers", "fedavg cora: whole run on Ray (`--backend ray`)", wall["ray"], "s", None, note),
            Measure("peers", names["ray"], wall["ray"] / wall["local"], "x", ray_ratio,
-                   f"{wall['ray']:.1f} s against {wall['local']:.1f} s, {note} each, one after the other")]
+                   f"{wall['ray']:.1f} s against {wall['local']:.1f} s, {note} each, one after the other"),
+           Measure("peers", "fedavg cora: Ray's fixed cost over in-process (whole 1-round runs)",
+                   wall["ray-1"] - wall["local-1"], "s", None,
+                   f"{wall['ray-1']:.1f} s against {wall['local-1']:.1f} s, {note} each: starting Ray, its hosts "
+                   f"(Python processes importing torch) and stopping it, which no number of rounds pays back"),
+           Measure("peers", "fedavg cora: one round on Ray over one in-process",
+                   1000 * ((wall["ray"] - wall["ray-1"]) - (wall["local"] - wall["local-1"])) / 99, "ms", None,
+                   f"the 100-round runs less the 1-round runs, over 99 rounds: {1000 * (wall['ray'] - wall['ray-1']) / 99:.1f} "
+                   f"ms against {1000 * (wall['local'] - wall['local-1']) / 99:.1f} ms a round")]
     if source:
         out += [Measure("peers", "fedavg cora: OpenFGL's FedAvg, whole process", wall["openfgl"], "s", None,
                         f"{note}; {OPENFGL_NOTE}"),
