@@ -3,6 +3,7 @@ inputs, and what start-up imports."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import subprocess
@@ -27,7 +28,7 @@ def perf():
         yield module
     finally:
         sys.path.remove(str(BENCHMARKS))
-        for name in ("perf", "perf_harness", "perf_references"):
+        for name in ("perf", "perf_harness", "perf_references", "peers_openfgl"):
             sys.modules.pop(name, None)
 
 
@@ -168,3 +169,22 @@ def test_a_device_this_machine_lacks_is_refused_in_one_line(perf, capsys, tmp_pa
 def test_every_overhead_measure_runs_on_a_gpu(perf):
     measures = perf.overhead(True, perf.Place.of("cuda"), dataset="synthetic", large="synthetic")
     assert len(measures) == 7 and all(m.value is not None for m in measures), [m.note for m in measures]
+
+
+def test_the_peer_group_splits_rays_gap_into_a_fixed_and_a_per_round_cost(perf, monkeypatch):
+    """Whole-process times stand in for the runs: Ray's fixed cost is the 1-round runs' difference, and
+    its cost a round what the 100-round runs add beyond them, over 99 rounds."""
+    seconds = {("local", "100"): 4.0, ("local", "1"): 2.0, ("ray", "100"): 12.0, ("ray", "1"): 8.0}
+
+    def fake(argv, env=None):
+        out = Path(argv[argv.index("--out") + 1])
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "summary.json").write_text(json.dumps({"wall_ms_per_round": 20.0}))
+        return seconds[(argv[argv.index("--backend") + 1], argv[argv.index("--rounds") + 1])], 300.0, ""
+
+    monkeypatch.setattr(perf, "timed_process", fake)
+    monkeypatch.setattr(importlib.import_module("peers_openfgl"), "openfgl_path", lambda: None)
+    found = {m.name: m.value for m in perf.peers(True)}
+    assert found["fedavg cora: whole run on Ray / in-process"] == pytest.approx(3.0)
+    assert found["fedavg cora: Ray's fixed cost over in-process (whole 1-round runs)"] == pytest.approx(6.0)
+    assert found["fedavg cora: one round on Ray over one in-process"] == pytest.approx(1000 * 2 / 99)
