@@ -29,7 +29,7 @@ from fedgl.comm.flower_codec import encode  # noqa: E402
 from fedgl.comm.payload import nbytes  # noqa: E402
 from fedgl.config import build_config  # noqa: E402
 from fedgl.deployment import write_shards  # noqa: E402
-from fedgl.runner import run  # noqa: E402
+from fedgl.search import run  # noqa: E402
 
 TASK = "flower-overhead"
 SETTINGS = {"dataset": {"options": {"num_nodes": 150}}, "partition": {"num_clients": 3}, "train": {"rounds": 3},

@@ -115,7 +115,7 @@ def small_settings(place: Place, dataset: str, wanted: tuple[str, ...]):
                       f"GCN 64, {dataset}, 3 clients (feature blocks), all training nodes, full neighbourhoods, "
                       "K = L = 2, Q = 1: each client a full-graph pass over its block")
     if "nfedgnn" in wanted:
-        yield Setting("nfedgnn", place.config({"name": "nfedgnn"}, dataset, GCN),
+        yield Setting("nfedgnn", place.config({"name": "nfedgnn", "lam": 1.0}, dataset, GCN),
                       lambda run: references.laplacian(small, run.protocol.lam), small.data,
                       f"GCN 64, {dataset}, every node a user, one full-graph step per round; the reference's loss "
                       "adds the same Laplacian penalty on the first layer's projection (Eq. 6-7, lam of the run)")
@@ -253,9 +253,9 @@ def scale(quick: bool, place: Place = CPU) -> list[Measure]:
     gat = {"name": "gat", "hidden": 64, "layers": 2, "options": {"heads": 8}}
     gcn = {"name": "gcn", "hidden": 64, "layers": 2}
     per_round("nfedgnn GCN: one round of all 19,717 PubMed users",
-              place.config({"name": "nfedgnn"}, "pubmed", {**gcn, "hidden": 16}), None,
+              place.config({"name": "nfedgnn", "lam": 1.0}, "pubmed", {**gcn, "hidden": 16}), None,
               "GCN 16 (examples/nfedgnn-cora.yaml)")
-    per_round("nfedgnn GAT: one round of all 19,717 PubMed users", place.config({"name": "nfedgnn"}, "pubmed", gat),
+    per_round("nfedgnn GAT: one round of all 19,717 PubMed users", place.config({"name": "nfedgnn", "lam": 1.0}, "pubmed", gat),
               "<= 0.5", "GAT 8 heads x 8")
     clients = 100 if quick else 1000
     per_round(f"fedavg: one round of {clients:,} horizontal clients on PubMed",

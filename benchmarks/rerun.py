@@ -58,7 +58,7 @@ def rerun(task_name: str, label: str, seed: int, results: Path = RESULTS) -> dic
     """Train one committed run again and compare it with its committed row."""
     from fedgl.bench import get_task
     from fedgl.bench.core import variant_config
-    from fedgl.runner import run
+    from fedgl.search import run
 
     task = get_task(task_name)
     variant = next((v for v in task.variants if v.label == label), None)

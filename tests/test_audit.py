@@ -19,7 +19,8 @@ from fedgl.privacy import record
 from fedgl.audit import audit_run, ground_truth
 from fedgl.privacy.attacks import RoutedSums, calls, contributing_members, least_squares_rows
 from fedgl.privacy.record import MessageRecorder, read_messages
-from fedgl.runner import Run, run
+from fedgl.runner import Run
+from fedgl.search import run
 
 FEATURES = 16
 GCN = {"name": "gcn"}
@@ -111,7 +112,7 @@ def test_a_record_holding_code_is_refused(tmp_path):
 NOTHING_SENT_RAW = {  # name: (protocol, model, partition)
     "fedavg": ({"name": "fedavg"}, GCN, None),
     "glasu": ({"name": "glasu", "batches": 1}, GCN, {"method": "random"}),
-    "nfedgnn": ({"name": "nfedgnn"}, GCN, None),
+    "nfedgnn": ({"name": "nfedgnn", "lam": 1.0}, GCN, None),
     "cnfgnn": ({"name": "cnfgnn"}, GCN, None),
     "swift": ({"name": "swift", "I": 1, "K": 2, "fanouts": [3, 3]}, None, None),
     "fedaas": ({"name": "fedaas", "widths": [FEATURES, FEATURES], "fanouts": [4, 4], "batches": 4,

@@ -122,7 +122,7 @@ def test_noise_replayed_from_the_config_seed_is_flagged(tmp_path, capsys, stream
     """``replayable_noise`` draws the noise from the config seed, as fedgl's DP did before its noise came
     from the operating system: the audit must flag it."""
     dp = {"noise_multiplier": 1.0, "max_norm": 1.0, "replayable_noise": stream == "seed"}
-    code, report = audit(config({"name": "nfedgnn"}, {"dp": dp}, model={"name": "gcn"}), tmp_path, capsys)
+    code, report = audit(config({"name": "nfedgnn", "lam": 1.0}, {"dp": dp}, model={"name": "gcn"}), tmp_path, capsys)
     replay = report["attacks"]["noise_replay"]
     assert replay["attacked"] >= 2  # the users' latents of both rounds
     if stream == "os":

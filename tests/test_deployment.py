@@ -24,14 +24,14 @@ from fedgl.comm.shard_file import load_party
 from fedgl.config import build_config
 from fedgl.deployment import MANIFEST, write_shards
 from fedgl.errors import ConfigError
-from fedgl.runner import run
+from fedgl.search import run
 
 BASE = {"dataset": {"options": {"num_nodes": 150}}, "partition": {"num_clients": 3}, "train": {"rounds": 2},
         "network": {"compute": "ignore"}}
 PROTOCOLS = {  # every protocol with parties
     "fedavg": {"protocol": {"name": "fedavg", "group_size": 1}},
     "glasu": {"protocol": {"name": "glasu", "batches": 4}},
-    "nfedgnn": {"protocol": {"name": "nfedgnn"}},
+    "nfedgnn": {"protocol": {"name": "nfedgnn", "lam": 1.0}},
     "cnfgnn": {"protocol": {"name": "cnfgnn"}},
     "swift": {"protocol": {"name": "swift", "K": 2}},
     "fedgnn-pns": {"protocol": {"name": "fedgnn-pns"}},

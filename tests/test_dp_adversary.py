@@ -220,7 +220,8 @@ def test_the_neighbour_bound_raises_epsilon_with_the_fanout(tmp_path):
 @pytest.mark.parametrize("protocol", ["glasu", "nfedgnn"])
 def test_every_dp_summary_names_adjacency_sensitivity_and_threat(tmp_path, protocol):
     cfg = {"dataset": {"name": "synthetic", "options": {"num_nodes": 200, "num_features": 16}},
-           "protocol": {"name": protocol}, "network": {"compute": "ignore"}, "train": {"rounds": 1},
+           "protocol": {"name": protocol, **({"lam": 1.0} if protocol == "nfedgnn" else {})},
+           "network": {"compute": "ignore"}, "train": {"rounds": 1},
            "partition": {"num_clients": M},
            "privacy": {"dp": {"noise_multiplier": 1.0, "max_norm": 1.0}}}
     summary = Run(build_config(cfg), tmp_path / protocol).execute(progress=False).summary

@@ -14,7 +14,7 @@ import yaml
 from fedgl.cli import main
 from fedgl.config import build_config, load_config
 from fedgl.deployment import MANIFEST
-from fedgl.runner import run
+from fedgl.search import run
 from support.configs import PROTOCOLS, VARIANTS, tiny
 from support.runs import compare_runs, run_resumed
 

@@ -22,7 +22,8 @@ from fedgl.protocols.fedaas.fanout_policy import FanoutPolicy
 from fedgl.protocols.fedaas.schedule import next_interval, sync_steps
 from fedgl.protocols.fedaas.server import EXCHANGE
 from fedgl.results import read_jsonl
-from fedgl.runner import Run, run
+from fedgl.runner import Run
+from fedgl.search import run
 from support.configs import fedaas as config
 from support.runs import compare_runs, run_resumed
 from support.spy import audited_rows, spy_calls

@@ -19,7 +19,8 @@ from fedgl.protocols.fedaas.schedule import GRID, ratio_picks
 from fedgl.protocols.fedavg.group import flat_state
 from fedgl.protocols.horizontal.routing import Router
 from fedgl.results import read_jsonl
-from fedgl.runner import Run, run
+from fedgl.runner import Run
+from fedgl.search import run
 from support.configs import fedaas as config
 from support.masks import top_bits
 from support.runs import compare_runs, run_resumed

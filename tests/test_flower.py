@@ -23,7 +23,7 @@ from fedgl.config import build_config  # noqa: E402
 from fedgl.deployment import write_shards  # noqa: E402
 from fedgl.errors import ConfigError  # noqa: E402
 from fedgl.flower_relay import NOT_MADE, REFUSED, relay  # noqa: E402
-from fedgl.runner import run  # noqa: E402
+from fedgl.search import run  # noqa: E402
 
 BASE = {"dataset": {"options": {"num_nodes": 150}}, "partition": {"num_clients": 3}, "train": {"rounds": 1},
         "network": {"compute": "ignore"}}
@@ -32,7 +32,7 @@ PROTOCOLS = {  # every protocol with parties
     "fedavg-group": {"protocol": {"name": "fedavg"}},  # Rows("model") with broadcast rows
     "fedavg-secure": {"protocol": {"name": "fedavg", "group_size": 1}, "privacy": {"secure_aggregation": True}},
     "glasu": {"protocol": {"name": "glasu", "batches": 2}},
-    "nfedgnn": {"protocol": {"name": "nfedgnn"}},
+    "nfedgnn": {"protocol": {"name": "nfedgnn", "lam": 1.0}},
     "cnfgnn": {"protocol": {"name": "cnfgnn"}},
     "swift": {"protocol": {"name": "swift", "K": 2}},
     "fedgnn-pns": {"protocol": {"name": "fedgnn-pns"}},

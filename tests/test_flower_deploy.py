@@ -21,7 +21,7 @@ pytest.importorskip("flwr", reason="the Flower backend needs flwr (pip install '
 from fedgl.comm.flower_setup import certificates, node_key  # noqa: E402
 from fedgl.config import build_config  # noqa: E402
 from fedgl.deployment import write_shards  # noqa: E402
-from fedgl.runner import run  # noqa: E402
+from fedgl.search import run  # noqa: E402
 from tests.support.flower_federation import Federation, free_port  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -30,7 +30,7 @@ BASE = {"dataset": {"options": {"num_nodes": 150}}, "partition": {"num_clients":
 PROTOCOLS = {
     "fedavg": {"protocol": {"name": "fedavg", "group_size": 1}},
     "glasu": {"protocol": {"name": "glasu", "batches": 2}},
-    "nfedgnn": {"protocol": {"name": "nfedgnn"}},
+    "nfedgnn": {"protocol": {"name": "nfedgnn", "lam": 1.0}},
     "swift": {"protocol": {"name": "swift", "K": 2}},
     "fedavg-secure": {"protocol": {"name": "fedavg", "group_size": 1}, "privacy": {"secure_aggregation": True}},
 }

@@ -10,7 +10,8 @@ import torch
 
 import fedgl
 from fedgl.config import RunConfig, TrainConfig, build_config, load_config
-from fedgl.runner import Run, run
+from fedgl.runner import Run
+from fedgl.search import run
 from fedgl.models import make_model
 
 

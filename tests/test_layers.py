@@ -27,7 +27,7 @@ LAYERS = (
     ("models", ("sampling", "models", "optim", "evaluation")),
     ("comm/privacy", ("comm", "privacy")),
     ("protocols", ("protocols",)),
-    ("runner", ("runner", "deployment", "results")),
+    ("runner", ("runner", "search", "deployment", "results")),
     ("session/api/cli", ("session", "api", "cli", "audit", "bench", "report", "flower_app", "")),
 )
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 600, 60

@@ -65,7 +65,8 @@ def split_config(protocol: str, rounds: int, model: str = "gcn", **extra) -> dic
     hidden, dropout, lr = (16, 0.5, 0.1) if model == "gcn" else (8, 0.6, 0.01)  # GAT: 2 heads of 4
     return {
         "dataset": {"name": "cora"},
-        "protocol": {"name": protocol, **extra},
+        # one protocol instance trains at one lam; lam: auto is the run's search (test_search.py)
+        "protocol": {"name": protocol, **({"lam": 1.0} if protocol == "nfedgnn" else {}), **extra},
         "model": {"name": model, "hidden": hidden, "layers": 2, "dropout": dropout,
                   "options": {"heads": 2} if model == "gat" else {}},
         "train": {"rounds": rounds, "lr": lr, "weight_decay": 5e-4},

@@ -12,7 +12,8 @@ import torch
 from fedgl.comm import Party, make_transport, rpc
 from fedgl.comm.party_state import plain
 from fedgl.config import build_config
-from fedgl.runner import Run, run
+from fedgl.runner import Run
+from fedgl.search import run
 from support.stored import files_holding
 
 

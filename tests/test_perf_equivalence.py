@@ -26,7 +26,7 @@ import torch
 from fedgl.config import build_config
 from fedgl.data import load_dataset
 from fedgl.protocols.horizontal import client as horizontal_client, partial_sums, shared
-from fedgl.runner import run
+from fedgl.search import run
 
 SYNTHETIC = {"name": "synthetic", "options": {"num_nodes": 300, "num_features": 64, "avg_degree": 6}}
 # Two clients and many neighbours: a pair sums several rows, so the order they are added in shows.

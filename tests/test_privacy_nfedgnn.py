@@ -7,12 +7,13 @@ import pytest
 import torch
 
 from fedgl.config import build_config
-from fedgl.runner import Run, run
+from fedgl.runner import Run
+from fedgl.search import run
 from support.noise import gaussian_noise
 
 # lr 0.01: at nFedGNN's own 0.1 three rounds on 200 nodes leave logits so close that noise of 1e-9 flips them
 BASE = {"dataset": {"options": {"num_nodes": 200}}, "train": {"rounds": 3, "lr": 0.01},
-        "network": {"compute": "ignore"}, "protocol": {"name": "nfedgnn", "user_fraction": 0.5}}
+        "network": {"compute": "ignore"}, "protocol": {"name": "nfedgnn", "lam": 1.0, "user_fraction": 0.5}}
 
 
 def dp(noise_multiplier: float, max_norm: float) -> dict:

@@ -13,7 +13,7 @@ from fedgl.comm.party_state import own_class
 from fedgl.comm.stored_paths import MOVED
 from fedgl.config import load_config
 from fedgl.results import read_jsonl
-from fedgl.runner import run
+from fedgl.search import run
 
 FIXTURES = Path(__file__).parent / "fixtures" / "pre-reshape"
 RESUMED = ["swift", "fedaas", "fedavg", "glasu", "nfedgnn"]

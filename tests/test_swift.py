@@ -25,7 +25,8 @@ from fedgl.protocols.horizontal.client import CrossClient
 from fedgl.protocols.horizontal.server import CrossClientProtocol
 from fedgl.protocols.horizontal.fedgnn_pns import PNSOptions, sampling_iterations
 from fedgl.protocols.horizontal.llcg import LLCGClient
-from fedgl.runner import Run, run
+from fedgl.runner import Run
+from fedgl.search import run
 from support.spy import audited_rows
 
 M = 4

@@ -359,7 +359,7 @@ def test_every_cnfgnn_user_receives_the_average_of_all_uploads(tmp_path):
 
 # ---- the outsider -------------------------------------------------------------------------------------
 WIRE = {"fedavg": FEDAVG, "glasu": glasu(3), "swift": SWIFT, "fedaas": FEDAAS,
-        "nfedgnn": tiny("nfedgnn", train={"rounds": 1}), "cnfgnn": CNFGNN}
+        "nfedgnn": tiny("nfedgnn", protocol={"lam": 1.0}, train={"rounds": 1}), "cnfgnn": CNFGNN}
 
 
 @pytest.mark.parametrize("name", list(WIRE))

@@ -132,6 +132,9 @@ def audit_run(run_dir: Path, data_root: str | None = None) -> dict[str, Any]:
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"{run_dir} holds no config.yaml; not a fedgl run folder")
     folder = run_dir / "messages"
+    if not message_files(folder) and (run_dir / "search").is_dir():  # fedgl.search: each candidate recorded its own
+        raise ConfigError(f"{run_dir} is a search over whole runs; audit each of them: "
+                          f"{', '.join(str(p) for p in sorted((run_dir / 'search').iterdir()))}")
     if not message_files(folder):
         raise ConfigError(f"{run_dir} holds no recorded messages; run it with privacy.record_messages: true")
     cfg = load_config(run_dir / "config.yaml")

@@ -88,6 +88,7 @@ def _run(args: argparse.Namespace) -> int:
         start_in_background()  # a local Ray starts while the run imports torch and loads (ray_start.py)
     from .config import load_config
     from .progress import human_bytes
+    from .config.candidates import label
     from .session import prepare, unread_settings
 
     overrides = [f"{key}={value}" for flag, key in _FLAGS.items() if (value := getattr(args, flag)) is not None]
@@ -124,6 +125,10 @@ def _run(args: argparse.Namespace) -> int:
         f"test {s['test_accuracy']:.4f}, {human_bytes(s['bytes_total'])} sent, "
         f"simulated {s['sim_time_s']:.2f} s, wall {s['wall_time_s']:.2f} s"
     )
+    if s.get("chosen"):
+        tried = ", ".join(f"{label(row['choice'])}: val {row['best_val_accuracy']:.4f}" for row in s["search"])
+        console().print(f"chosen on validation: {label(s['chosen'])} ({tried}); the bytes and times are all "
+                        f"{len(s['search'])} runs'")
     for split in ("val", "test"):
         if s.get(f"target_{split}_accuracy") is not None:
             reached = f"round {s['round_at_target']}" if s["round_at_target"] else "not reached"

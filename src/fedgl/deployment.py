@@ -89,6 +89,7 @@ def server_state(protocol: Any) -> dict[str, Any]:
 
 def write_shards(cfg: RunConfig, out: Path, data: Data | None = None) -> dict[str, Any]:
     """Partition as a run of ``cfg`` would and write the shard folder ``out``; returns the manifest."""
+    from .config.candidates import candidates
     from .config.identity import config_hash
     from .data import load_data
 
@@ -125,6 +126,7 @@ def write_shards(cfg: RunConfig, out: Path, data: Data | None = None) -> dict[st
         "protocol": cfg.protocol_name,
         "dataset": cfg.dataset.name.lower(),
         "config_hash": config_hash(cfg),
+        **({"candidate_hashes": hashes} if (hashes := [config_hash(c) for _, c in candidates(cfg)]) else {}),
         **facts,
         "parties": parties,
         "server": {"file": SERVER, "sha256": _save(out / SERVER, server)},
@@ -178,7 +180,8 @@ def read_manifest(folder: Path, cfg: RunConfig) -> dict[str, Any]:
             isinstance(f, dict) and {"file", "sha256"} <= set(f)
             for f in [manifest.get("server"), manifest.get("evaluator"), *manifest.get("parties", [])]):
         raise ConfigError(f"backend.shards: {path} is not a fedgl shard manifest")  # every file needs its digest
-    if manifest["config_hash"] not in config_hashes(cfg):
+    made_for = {manifest["config_hash"], *manifest.get("candidate_hashes", [])}  # a search's: each of its runs
+    if not made_for & config_hashes(cfg):
         raise ConfigError(f"backend.shards: {folder} was partitioned with another config "
                           f"(protocol {manifest['protocol']} on {manifest['dataset']}); partition again with this one")
     return manifest

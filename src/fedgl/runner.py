@@ -21,6 +21,7 @@ import yaml
 from .comm import NetworkModel, make_transport
 from .comm.ledger import SERVER
 from .config import RunConfig
+from .config.candidates import search_space
 from .config.identity import config_hash, config_hashes, flat_config, resumable_change
 from .data import load_data
 from .deployment import check_placements, deploy
@@ -110,6 +111,9 @@ class Run:
             torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
         b = cfg.backend
+        if search_space(cfg):
+            raise ConfigError(f"{cfg.protocol_name}: a setting left to auto is chosen among whole runs; run the config "
+                              f"with fedgl run, fedgl.run or fedgl.search.open_run")
         if b.on_client_failure == "skip" and not protocol_class(cfg.protocol_name).can_skip_parties:
             raise ConfigError(f"backend.on_client_failure: skip: {cfg.protocol_name} cannot continue without a "
                               f"client; use stop or retry")
@@ -140,6 +144,7 @@ class Run:
         except BaseException:
             self.close()
             raise
+        self.title = f"{cfg.protocol_name} on {cfg.dataset.name}"  # the progress bar's
         self.metrics: list[dict[str, Any]] = []
         self.start_round = 1
         self.completed = 0
@@ -248,7 +253,7 @@ class Run:
         self.completed = self.start_round - 1
         self.tracking.start(flat_config(cfg), self.start_round)
         try:
-            with RunProgress(f"{cfg.protocol_name} on {cfg.dataset.name}", cfg.train.rounds, self.start_round - 1,
+            with RunProgress(self.title, cfg.train.rounds, self.start_round - 1,
                              enabled=progress) as bar, StopAfterRound() as stop:
                 r = self.start_round
                 while r <= cfg.train.rounds:
@@ -375,12 +380,3 @@ class Run:
             plots.append(self.out_dir / PLOT)
         self.tracking.finish(summary, plots)
 
-
-def run(cfg: RunConfig, out_dir: str | Path | None = None, *, resume: bool = False, progress: bool = False,
-        data=None) -> RunResult:
-    """Build and execute a run; with ``resume`` continue from the folder's last checkpoint."""
-    job = Run(cfg, out_dir, data=data)
-    if resume and not job.resume():
-        job.close()
-        raise ConfigError(f"cannot resume: {job.out_dir} holds no checkpoint")
-    return job.execute(progress=progress)

@@ -17,6 +17,8 @@ from .errors import ConfigError
 from .protocols import protocol_class
 from .results import FINISHED
 from .runner import CHECKPOINT, Run, default_out_dir
+from .config.candidates import search_space
+from .search import Search, open_run
 
 
 # Settings a scenario's partitioning never reads, and why, told to a user who set one.
@@ -79,7 +81,7 @@ def remove_if_empty(folder: Path) -> None:
 
 
 def prepare(cfg: RunConfig, out_dir: str | Path | None, *, resume: bool = False, overwrite: bool = False,
-            names: dict[str, str] = CLI_NAMES) -> Run:
+            names: dict[str, str] = CLI_NAMES) -> Run | Search:
     """The run a user asked for (the ``fedgl run`` command and ``fedgl.run``): a folder holding a
     finished run is replaced only when asked, and a resume needs a folder with a checkpoint."""
     made = not out_dir or not Path(out_dir).exists()
@@ -87,15 +89,18 @@ def prepare(cfg: RunConfig, out_dir: str | Path | None, *, resume: bool = False,
         check_out_dir(Path(out_dir), resume=resume, overwrite=overwrite, names=names)
     elif resume:
         raise ConfigError(f"{names['resume']} needs {names['out']}: the folder of the run to continue")
-    if resume and not (Path(out_dir) / CHECKPOINT).exists():  # before the data loads and the parties start
+    # before the data loads and the parties start (a search's candidates keep their own checkpoints)
+    if resume and not search_space(cfg) and not (Path(out_dir) / CHECKPOINT).exists():
         raise ConfigError(f"cannot resume: {out_dir} holds no checkpoint (set checkpoint_every to write them)")
     folder = Path(out_dir) if out_dir else default_out_dir(cfg)
     try:
-        job = Run(cfg, folder)
+        job = open_run(cfg, folder)
     except BaseException:
         if made:  # a run refused while it sets up leaves no folder of its own behind, only files it wrote
             remove_if_empty(folder)
         raise
+    if isinstance(job, Search):
+        job.reuse = not overwrite  # a replaced search trains its candidates again
     if resume:
         try:
             job.resume()

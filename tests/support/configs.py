@@ -17,7 +17,7 @@ PROTOCOLS = {
     "fedgnn-pns": {"protocol": {"name": "fedgnn-pns"}},
     "llcg": {"protocol": {"name": "llcg", "local_steps": 1}, "model": {"name": "sage"}},
     "fedaas": {"protocol": {"name": "fedaas", "interval_loss": "train", "batches": 4, "interval": 2}},
-    "nfedgnn": {"protocol": {"name": "nfedgnn"}},
+    "nfedgnn": {"protocol": {"name": "nfedgnn", "lam": 1.0}},
     "cnfgnn": {"protocol": {"name": "cnfgnn"}},
 }
 # Variants whose parties keep other state or exchange other messages.
@@ -28,6 +28,8 @@ VARIANTS = {
                        "model": {"name": "sage"}},
     # keys are agreed once every party holds its shard (Protocol.start)
     "fedavg-secure": {"protocol": {"name": "fedavg", "group_size": 1}, "privacy": {"secure_aggregation": True}},
+    # lam: auto, a search over whole runs (fedgl.search): every way of running it gives the same search
+    "nfedgnn-auto": {"protocol": {"name": "nfedgnn", "lam_grid": [0.0, 3.0]}},
 }
 
 

@@ -10,7 +10,8 @@ import json
 from pathlib import Path
 
 from fedgl.config import build_config
-from fedgl.runner import RunResult, run
+from fedgl.runner import RunResult
+from fedgl.search import run
 
 METRIC_TIMES = {"wall_time_s"}
 # measured, so never equal between two runs; compute_s_by_party is checked for its parties only

@@ -24,7 +24,7 @@ from ..config import RunConfig
 from ..errors import ConfigError, FedglError, RunFailed
 from ..progress import RunProgress
 from ..results import CONFIG, FINISHED, SUMMARY, write_json
-from ..runner import run
+from ..search import run
 
 EXECUTORS = ("processes", "ray")
 

@@ -95,7 +95,7 @@ def audited(cfg: RunConfig) -> dict[str, Any]:
     """Train ``cfg`` in a temporary folder, audit its recorded messages and return the summary: the
     run's, each attack's recovered and attacked counts, and the whole report (``audit``)."""
     from ..audit import audit_run
-    from ..runner import run
+    from ..search import run
 
     with tempfile.TemporaryDirectory() as tmp:
         summary = run(cfg, Path(tmp) / "run").summary

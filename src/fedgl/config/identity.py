@@ -31,7 +31,7 @@ ADDED_KEYS = {"privacy.dp.replayable_noise": True, "protocol.regulariser": "raw"
               "eval.target_test_accuracy": None, "partition.drop_unit": "pair",
               "privacy.secure_aggregation.collusion": 0, "privacy.secure_aggregation.identities": "relayed",
               "privacy.secure_aggregation.roster": None, "protocol.inference": "full", "protocol.train_clients": "all",
-              "protocol.lr_schedule": "constant", "protocol.user_state": "rows"}
+              "protocol.lr_schedule": "constant", "protocol.user_state": "rows", "protocol.lam_grid": [0.3, 1.0, 3.0]}
 
 
 # Values a resolved key used to carry for the same computation: GLASU's feature blocks were contiguous

@@ -46,6 +46,12 @@ class Protocol:
         learn (nFedGNN's per-label form: a wider latent)."""
         return {}
 
+    @classmethod
+    def search_space(cls, options: ProtocolOptions) -> dict[str, tuple[Any, ...]]:
+        """Config keys the run chooses on validation, with their candidates, one whole run each
+        (``fedgl.search``); empty: one run."""
+        return {}
+
     def __init__(self, cfg: RunConfig, transport: Transport):
         self.cfg = cfg
         self.opts: Any = cfg.options()

@@ -30,6 +30,7 @@ from torch_geometric.data import Data
 from ... import device as devices
 from ...comm import Party, Rows, rpc
 from ...config import TrainConfig
+from ...errors import ConfigError
 from ...evaluation import Evaluator
 from ...models.split_node import (
     BatchedOptimizer,
@@ -67,16 +68,24 @@ class SplitOptions(ProtocolOptions):
 
 
 LAM = 1.0  # per_label's unit: the penalty weighs on a user of mean degree as one label's cross-entropy does
+LAM_GRID = (0.3, LAM, 3.0)  # lam: auto's candidates, half a decade either side of the unit
 USER_LR = 0.001  # per_label's users: a hundredth of the server's 0.1, so their shared start is not stepped over
 LATENT = 256  # per_label's model.hidden: a wide projection of the features, which a user's start is (docs/nfedgnn.md)
 # per_label's settings where the config leaves them unset; raw keeps the paper's (docs/nfedgnn.md, "Sparse labels")
 FORM_DEFAULTS = {
     "per_label": {"user_init": "shared", "normalize_features": False, "user_lr": USER_LR, "lr_schedule": "cosine"},
-    "raw": {"user_init": "independent", "normalize_features": True, "user_lr": None, "lr_schedule": "constant"}}
+    "raw": {"user_init": "independent", "normalize_features": True, "user_lr": None, "lr_schedule": "constant",
+            "lam": LAM}}
 
 
 class NFedGNNOptions(SplitOptions):
-    lam: float = Field(LAM, ge=0, description="weight of the graph Laplacian regulariser on the latents (Eq. 7)")
+    lam: float | Literal["auto"] = Field(
+        "auto", json_schema_extra={"earlier": LAM},
+        description="weight of the graph Laplacian regulariser on the latents (Eq. 7), or auto: one whole run per "
+                    "value of lam_grid, the one of best validation accuracy kept, as the paper tunes lam per "
+                    "dataset (every run's bytes are counted); unset: auto with per_label, 1 with raw")
+    lam_grid: tuple[float, ...] = Field(
+        LAM_GRID, min_length=1, description="the values lam: auto tries, in order (ties go to the first)")
     regulariser: Literal["per_label", "raw"] = Field(
         "per_label", description="per_label: Eq. 6's penalty times users / training labels, so that it weighs on each "
                                  "user as the cross-entropy (a mean over the labels) does and one lam suits every "
@@ -118,6 +127,13 @@ class NFedGNNOptions(SplitOptions):
         fits = (data.get("user_init") == "shared" and not data.get("user_dropout")
                 and data.get("user_weight_decay", "decoupled") == "decoupled")
         return {"user_state": "offset" if form == "per_label" and fits else "rows", **data}
+
+    @model_validator(mode="after")
+    def _lam_values(self) -> "NFedGNNOptions":
+        bad = [v for v in ((self.lam,) if self.lam != "auto" else ()) + self.lam_grid if not v >= 0]
+        if bad:
+            raise ValueError(f"lam and lam_grid take weights of 0 or more (got {bad[0]})")
+        return self
 
     @model_validator(mode="after")
     def _offset_fits(self) -> "NFedGNNOptions":
@@ -245,6 +261,11 @@ class NFedGNN(Protocol):
         return {"lr": 0.1} if str(model).lower() == "gcn" and optimizer == "adam" else {}
 
     @classmethod
+    def search_space(cls, options: NFedGNNOptions) -> dict[str, tuple[Any, ...]]:
+        """lam: auto is a choice on validation among whole runs (fedgl.search), one per lam_grid value."""
+        return {"protocol.lam": options.lam_grid} if options.lam == "auto" else {}
+
+    @classmethod
     def paper_sections(cls, options: NFedGNNOptions) -> dict[str, dict[str, Any]]:
         """per_label's users send a ``LATENT``-value latent unless ``model.hidden`` is set: their start ``x_i W0`` is
         all the server learns of a user no label reaches, and 64 values of it carry too little (CiteSeer)."""
@@ -287,6 +308,8 @@ class NFedGNN(Protocol):
         reaches a labelled user's latent with weight 1 / labels, the penalty reaches user i with weight
         degree_i / edges; with the factor their ratio is degree_i / mean degree on every graph, whatever its
         size, mean degree and share of labelled users."""
+        if self.opts.lam == "auto":
+            raise ConfigError("protocol.lam: auto is chosen by the run's search (fedgl.search); one run needs a number")
         if self.opts.regulariser == "raw":
             return self.opts.lam
         return self.opts.lam * self.num_users / self.train_idx.numel()
