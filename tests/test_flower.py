@@ -33,6 +33,7 @@ PROTOCOLS = {  # every protocol with parties
     "fedavg-secure": {"protocol": {"name": "fedavg", "group_size": 1}, "privacy": {"secure_aggregation": True}},
     "glasu": {"protocol": {"name": "glasu", "batches": 2}},
     "nfedgnn": {"protocol": {"name": "nfedgnn", "lam": 1.0}},
+    "nfedgnn-auto": {"protocol": {"name": "nfedgnn", "lam_grid": [0.0, 3.0]}},  # a search: a whole run per lam
     "cnfgnn": {"protocol": {"name": "cnfgnn"}},
     "swift": {"protocol": {"name": "swift", "K": 2}},
     "fedgnn-pns": {"protocol": {"name": "fedgnn-pns"}},
@@ -261,7 +262,7 @@ def test_the_flower_backend_outside_a_server_app_says_how_to_submit(tmp_path, ca
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("protocol", ["fedavg", "glasu", "nfedgnn"])
+@pytest.mark.parametrize("protocol", ["fedavg", "glasu", "nfedgnn", "nfedgnn-auto"])
 def test_the_simulation_engine_runs_the_same_apps(protocol, tmp_path):
     """Flower's Simulation Engine, one SuperNode (and party host) per party: metrics and ledger as in
     process, for the protocols whose parties keep a live forward pass too, and every message the
