@@ -105,15 +105,15 @@ class Run:
 
     def __init__(self, cfg: RunConfig, out_dir: str | Path | None = None, *, data=None):
         self.cfg = cfg
+        if search_space(cfg):
+            raise ConfigError(f"{cfg.protocol_name}: a setting left to auto is chosen among whole runs; run the config "
+                              f"with fedgl run, fedgl.run or fedgl.search.open_run")
         self.out_dir = Path(out_dir) if out_dir else default_out_dir(cfg)
         self.tracking = Tracking(cfg.logging, self.out_dir)  # fails here, before training, if a package is missing
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
         b = cfg.backend
-        if search_space(cfg):
-            raise ConfigError(f"{cfg.protocol_name}: a setting left to auto is chosen among whole runs; run the config "
-                              f"with fedgl run, fedgl.run or fedgl.search.open_run")
         if b.on_client_failure == "skip" and not protocol_class(cfg.protocol_name).can_skip_parties:
             raise ConfigError(f"backend.on_client_failure: skip: {cfg.protocol_name} cannot continue without a "
                               f"client; use stop or retry")
