@@ -82,6 +82,13 @@ def test_a_number_in_prose_equals_its_marked_source(tmp_path: Path) -> None:
                                     "README.md: line 1: 4: list index out of range"]
 
 
+def test_a_zero_in_prose_stands_only_for_zero() -> None:
+    """0.0 shown for 0.003 would also pass an expression off by a factor of a thousand."""
+    assert docs.matches("0.0", 0.0) and docs.matches("0.00", -0.0)
+    assert not docs.matches("0.0", 0.003) and not docs.matches("0", 0.4)
+    assert docs.matches("0.4", 0.43) and not docs.matches("0.4", 0.46)
+
+
 def test_a_number_may_come_from_the_performance_suite(tmp_path: Path) -> None:
     perf = tmp_path / "benchmarks" / "results" / "perf.json"
     perf.parent.mkdir(parents=True)

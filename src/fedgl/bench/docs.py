@@ -260,9 +260,13 @@ def evaluate(root: Path, expr: str, resolve: Callable[[Path, str, str, str], flo
 
 
 def matches(number: str, value: float) -> bool:
-    """Whether the prose ``number`` is ``value`` rounded to the digits it shows."""
+    """Whether the prose ``number`` is ``value`` rounded to the digits it shows. A zero stands only for
+    zero: a non-zero value shown as 0.0 says nothing (and hides an expression off by a scale)."""
     digits = len(number.partition(".")[2])
-    return abs(value - float(number.replace(",", ""))) <= 0.5 * 10.0**-digits + 1e-9
+    shown = float(number.replace(",", ""))
+    if shown == 0 and abs(value) > 1e-12:
+        return False
+    return abs(value - shown) <= 0.5 * 10.0**-digits + 1e-9
 
 
 def stale_values(text: str, root: Path = ROOT) -> list[str]:

@@ -1,5 +1,5 @@
 """nFedGNN paper reproductions: Figures 4-9 (accuracy and training loss over 200 rounds, the lambda
-sweeps) and Table 1 (total upload in MB over 200 rounds, counted by the ledger).
+sweeps); the figure runs also measure Table 1 (total upload in MB over 200 rounds, counted by the ledger).
 
 Every run is one user per node at full scale with the paper's settings: GCN 16 hidden, dropout 0.5,
 lr 0.1; GAT 8 heads x 16 hidden (model.hidden 128), dropout 0.6, lr 0.01; Adam with weight decay 5e-4 on both
@@ -261,18 +261,6 @@ def dp_task() -> BenchTask:
         source="not in the paper: differential privacy on nFedGNN's latents and CNFGNN's uploads")
 
 
-def table1_task() -> BenchTask:
-    variants = [method_variant(d, model, method, label=f"{d} {method} {model}")
-                for model in MODELS for d in (*CITATION, *WIKI) for method in ("nfedgnn", "cnfgnn")]
-    return BenchTask(
-        name="nfedgnn-table1",
-        description="Table 1: total upload (latents; for CNFGNN also the user models) over 200 rounds in MiB, "
-                    "counted by the ledger, beside the paper's numbers; full byte totals include the downlink.",
-        base={**_BASE, "eval": {"every": ROUNDS}}, variants=variants,
-        columns=["upload_mib", "bytes_total", "wall_ms_per_round"], seeds=1, quick=_QUICK, derive=upload_mib,
-        source="nFedGNN paper, Table 1")
-
-
 def round_time_task() -> BenchTask:
     variants = [method_variant("pubmed", model, method, label=f"pubmed {method} {model}")
                 for model in MODELS for method in ("nfedgnn", "cnfgnn")]
@@ -341,7 +329,6 @@ TASKS: dict[str, BenchTask] = {t.name: t for t in (
     defaults_tries_task(),
     cnfgnn_long_task(),
     dp_task(),
-    table1_task(),
     round_time_task(),
 )}
 
