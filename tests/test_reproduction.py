@@ -57,6 +57,9 @@ def test_a_result_committed_later_fills_its_rows(tmp_path: Path) -> None:
     assert (f"| [{task}](../benchmarks/results/{task}/table.md) | chameleon nfedgnn | test_accuracy |  | "
             "60.00 ± 1.00 (3 seeds) |  | no paper number |") in page
     assert f"| `{task}` | chameleon cnfgnn | test_accuracy |  |  |  | not run yet |" in page
+    # a figure task on a dataset that is not offline cannot run here, whether or not it carries paper numbers
+    wikics = "nfedgnn-fig6-gcn-wikics"
+    assert f"| `{wikics}` | all 3 variants | test_accuracy |  |  |  | cannot run here: dataset not offline |" in page
 
 
 def test_a_paper_number_is_compared_with_the_rule(tmp_path: Path) -> None:

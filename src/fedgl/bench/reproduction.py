@@ -134,8 +134,9 @@ class Report:
         for name in item.tasks:
             task = self.task(name)
             if not item.referenced and not any((name, v.label) in self.index for v in task.variants):
+                offline = all(dataset_of(task, v) in NOT_OFFLINE for v in task.variants)
                 rows.append([f"`{name}`", f"all {len(task.variants)} variants", ", ".join(item.columns), "", "", "",
-                             NOT_RUN])  # a figure's task not run: one row, as it carries no paper number
+                             OFFLINE if offline else NOT_RUN])  # a figure's task not run: one row, no paper number
                 continue
             for variant in task.variants:
                 for column in item.columns:
