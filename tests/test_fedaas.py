@@ -395,3 +395,19 @@ def test_attention_sampling_follows_eq10(tmp_path):
     expected = 1000 * p
     chi2 = float(((counts - expected) ** 2 / expected).sum())
     assert counts.sum() == 1000 and chi2 < 3 * len(p) + 20  # dof = len(p) - 1; far above its mean
+
+
+def test_alpha_sweep_tables_the_mean_interval_and_cross_client_edges(tmp_path):
+    """Fig. 6's sweep tables what explains its accuracy and bytes besides α: each run's mean sync
+    interval over its rounds and its partition's cross-client edges, read from the run's own summary."""
+    from fedgl.bench.core import run_task
+    from fedgl.bench.fedaas import TASKS
+
+    result = run_task(TASKS["fedaas-alpha-cs"], tmp_path, quick=True, only=["α 0.05", "α 100.0"])
+    runs = {r["variant"]: r for r in json.loads((tmp_path / "results.json").read_text())}
+    for row in result["rows"]:
+        run_ = runs[row["variant"]]
+        taus = [t for t in run_["tau_by_round"] if t is not None]
+        assert taus and row["mean_tau"]["mean"] == pytest.approx(sum(taus) / len(taus))
+        assert row["cross_edges"]["mean"] == run_["partition"]["cross_edges"] > 0
+    assert "| mean_tau | cross_edges |" in (tmp_path / "table.md").read_text()

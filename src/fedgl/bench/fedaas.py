@@ -246,14 +246,27 @@ def study(name: str, dataset: str, description: str, variants: list[Variant],
                      columns=COLUMNS, seeds=1, quick=QUICK, source=SOURCE, finish=finish)
 
 
+def schedule_columns(summary: dict[str, Any]) -> dict[str, Any]:
+    """What a sweep of the partition changes besides accuracy: the mean sync interval τ over the rounds
+    (the adaptive rule shrinks it as the server loss falls) and the cross-client edges of the partition."""
+    taus = [t for t in summary.get("tau_by_round", []) if t is not None]
+    return {"mean_tau": statistics.mean(taus) if taus else None,
+            "cross_edges": summary.get("partition", {}).get("cross_edges")}
+
+
 def sweep(name: str, dataset: str, description: str, key: str, values: list[Any], label: str,
-          fixed: dict[str, Any] | None = None) -> BenchTask:
+          fixed: dict[str, Any] | None = None, schedule: bool = False) -> BenchTask:
+    """One variant per value of ``key``; ``schedule`` adds ``schedule_columns`` to the table."""
     def finish(folder: Path) -> None:
         curves(folder)
         sweep_plot(folder, label)
 
-    return study(name, dataset, description, [Variant(f"{label} {v}", {**(fixed or {}), key: v}) for v in values],
+    task = study(name, dataset, description, [Variant(f"{label} {v}", {**(fixed or {}), key: v}) for v in values],
                  finish)
+    if schedule:
+        task.columns = [*task.columns, "mean_tau", "cross_edges"]
+        task.derive, task.formats = schedule_columns, {"mean_tau": ".2f", "cross_edges": ",.0f"}
+    return task
 
 
 ABLATION = study(
@@ -328,7 +341,7 @@ TASKS: dict[str, BenchTask] = {
     "fedaas-ablation-cs": ABLATION,
     "fedaas-alpha-cs": sweep("fedaas-alpha-cs", "cs", "Fig. 6 on CS: Dirichlet α (non-iid degree).",
                              "partition.alpha", [0.05, 0.1, 0.2, 0.5, 1.0, 10.0, 100.0], "α",
-                             {"partition.method": "dirichlet"}),
+                             {"partition.method": "dirichlet"}, schedule=True),
     "fedaas-clients-pubmed": sweep("fedaas-clients-pubmed", "pubmed", "Fig. 8 on PubMed: number of clients K.",
                                    "partition.num_clients", [50, 200, 500, 700, 1000], "K"),
     "fedaas-neighbours-computers": sweep("fedaas-neighbours-computers", "computers",
