@@ -59,8 +59,10 @@ def simulate(config: Any, out_dir: str, *, reply_timeout_s: float | None = None,
             results.append(run(cfg, out_dir=out_dir, overwrite=True))
 
     with tempfile.TemporaryDirectory(prefix="fedgl-sim-") as state, party_hosts(shards, parties, Path(state)) as hosts:
+        # address "local": the engine starts its own Ray, never joining another cluster on this machine
         run_simulation(app, _relay_app(hosts), num_supernodes=len(parties),
-                       backend_config={"client_resources": {"num_cpus": 1}, "init_args": {"num_cpus": 2}})
+                       backend_config={"client_resources": {"num_cpus": 1},
+                                       "init_args": {"address": "local", "num_cpus": 2}})
     if not results:
         raise RuntimeError("the simulated run did not finish (see Flower's log above)")
     return results[0]

@@ -38,15 +38,16 @@ def compare_runs(a: RunResult | Path, b: RunResult | Path, differ: tuple[str, ..
     for wall time, the ledger files equal, the summaries equal but for timings (the parties that
     measured compute must be the same) and the fields named in ``differ`` (e.g. ``backend``)."""
     a, b = _folder(a), _folder(b)
+    # the ledger first: where two runs part, its first differing message names the party, method and kind
+    ledgers = [(p / "ledger.jsonl").read_text().splitlines() for p in (a, b)]
+    for i, (x, y) in enumerate(zip(*ledgers)):
+        assert x == y, f"ledger row {i}: {x} != {y}"
+    assert len(ledgers[0]) == len(ledgers[1]), f"ledger rows: {len(ledgers[0])} != {len(ledgers[1])}"
     rows = [[json.loads(line) for line in (p / "metrics.jsonl").read_text().splitlines()] for p in (a, b)]
     assert [r["round"] for r in rows[0]] == [r["round"] for r in rows[1]], "evaluated rounds differ"
     for x, y in zip(*rows):
         x, y = ({k: v for k, v in r.items() if k not in METRIC_TIMES} for r in (x, y))
         assert _canonical(x) == _canonical(y), f"round {x['round']}: {_first_difference(x, y)}"
-    ledgers = [(p / "ledger.jsonl").read_text().splitlines() for p in (a, b)]
-    assert len(ledgers[0]) == len(ledgers[1]), f"ledger rows: {len(ledgers[0])} != {len(ledgers[1])}"
-    for i, (x, y) in enumerate(zip(*ledgers)):
-        assert x == y, f"ledger row {i}: {x} != {y}"
     summaries = [json.loads((p / "summary.json").read_text()) for p in (a, b)]
     parties = [sorted(s["compute_s_by_party"]) for s in summaries]
     assert parties[0] == parties[1], f"parties with measured compute: {parties[0]} != {parties[1]}"
