@@ -16,7 +16,7 @@ from fedgl.config import build_config, load_config
 from fedgl.deployment import MANIFEST
 from fedgl.search import run
 from support.configs import PROTOCOLS, VARIANTS, tiny
-from support.runs import compare_runs, run_resumed
+from support.runs import compare_runs, run_in_fresh_process, run_resumed
 
 EVERY = [*PROTOCOLS, *VARIANTS]
 
@@ -41,9 +41,12 @@ RAY_DEFAULT: tuple[str, ...] = ()
 
 @pytest.mark.ray
 @pytest.mark.parametrize("name", [n if n in RAY_DEFAULT else pytest.param(n, marks=pytest.mark.slow) for n in EVERY])
-def test_ray_equals_local(name, in_process, tmp_path, ray_session):
-    local, settings = in_process(name)
-    remote = run(build_config({**settings, "backend": {"name": "ray", "actors": 2}}), tmp_path)
+def test_ray_equals_local(name, tmp_path, ray_session):
+    """The in-process reference runs in a process of its own: in this one, which holds a Ray driver
+    through the session, one in-process run (fedgnn-pns) was seen to differ in CI (an open defect)."""
+    settings = tiny(name)
+    local = run_in_fresh_process(settings, tmp_path / "local")
+    remote = run(build_config({**settings, "backend": {"name": "ray", "actors": 2}}), tmp_path / "ray")
     assert remote.summary["backend"] == "ray"
     compare_runs(local, remote, differ=("backend",))
 

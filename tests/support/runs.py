@@ -7,6 +7,8 @@ measured timings, to the bit."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 from fedgl.config import build_config
@@ -67,3 +69,14 @@ def run_resumed(settings: dict, out: Path, stop_after: int) -> RunResult:
     run(build_config(with_rounds(settings, stop_after, checkpoint_every=1)), out)
     return run(build_config(with_rounds(settings, rounds, checkpoint_every=1)), out, resume=True)
 
+
+
+def run_in_fresh_process(settings: dict, out: Path) -> Path:
+    """The in-process run of ``settings`` made by a new Python process, in folder ``out``: the reference
+    for a backend whose driver shares the test process with a Ray instance (see test_equivalence)."""
+    code = ("import json, sys\nfrom fedgl.config import build_config\nfrom fedgl.search import run\n"
+            "run(build_config(json.loads(sys.argv[1])), sys.argv[2])\n")
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(settings), str(out)], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return out
