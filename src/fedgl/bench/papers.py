@@ -175,7 +175,7 @@ FEDAAS = Paper(
              (*(f"fedaas-table2-{d}" for d in ("cs", "pubmed", "computers", "physics")), "fedaas-sparse-cs"),
              ("final_test_accuracy", "final_test_macro_f1", "final_test_auc"),
              "fedaas.md#table-2-cs-and-pubmed-fedaas-3-seeds",
-             links={"fedaas-table2-computers": "fedaas.md#table-2-computers-fedaas-3-seeds",
+             links={"fedaas-table2-computers": "fedaas.md#table-2-computers",
                     "fedaas-table2-physics": "fedaas.md#table-2-physics-1-seed",
                     "fedaas-sparse-cs": "fedaas.md#table-2-on-the-sparse-partition-cs-iid-3-seeds"},
              note="The per-client non-iid rows (the authors' code's label skew) are set beside the paper's "
