@@ -70,7 +70,6 @@ def run_resumed(settings: dict, out: Path, stop_after: int) -> RunResult:
     return run(build_config(with_rounds(settings, rounds, checkpoint_every=1)), out, resume=True)
 
 
-
 def run_in_fresh_process(settings: dict, out: Path) -> Path:
     """The in-process run of ``settings`` made by a new Python process, in folder ``out``: the reference
     for a backend whose driver shares the test process with a Ray instance (see test_equivalence)."""
