@@ -1,4 +1,4 @@
-"""Comparing two runs strictly, and a run resumed from a checkpoint.
+"""Comparing two runs strictly, a run resumed from a checkpoint, and a run made in a fresh process.
 
 Two runs that must be the same run (local and Ray, resumed and uninterrupted, deployed and in-process)
 agree on every metric but wall time, on the ledger line by line and on every summary field but the
