@@ -14,7 +14,7 @@ from torch.nn import functional as F
 from ...comm import rpc
 from ...config import ModelConfig, TrainConfig
 from ...models.split_attention import NEGATIVE_SLOPE, Partial, SplitAttentionNet
-from ...optim import make_optimizer, optimizer_step
+from ...optim import optimizer_step, restart_optimizer
 from ...privacy import PrivacyConfig
 from ...privacy.dp import PrivateRelease, clip
 from ...privacy.bonawitz import SecAggClient
@@ -254,7 +254,7 @@ class FedAASClient(SecureSumParty, HorizontalClient):
         self.origin = flat_state(state) if self.privacy.requested() else None
         self.losses, self.queue, self.step = [], [], None
         if train:
-            self.optimizer = make_optimizer(self.model.parameters(), self.train_cfg)
+            self.optimizer = restart_optimizer(self.optimizer, list(self.model.parameters()), self.train_cfg)
             size = max(1, math.ceil(self.train_idx.numel() / self.opts.batches))
             for _ in range(self.opts.local_epochs):
                 order = self.train_idx[torch.randperm(self.train_idx.numel(), generator=self.generator)]
