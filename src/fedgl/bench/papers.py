@@ -176,7 +176,7 @@ FEDAAS = Paper(
              ("final_test_accuracy", "final_test_macro_f1", "final_test_auc"),
              "fedaas.md#table-2-cs-and-pubmed-fedaas-3-seeds",
              links={"fedaas-table2-computers": "fedaas.md#table-2-computers",
-                    "fedaas-table2-physics": "fedaas.md#table-2-physics-1-seed",
+                    "fedaas-table2-physics": "fedaas.md#table-2-physics",
                     "fedaas-sparse-cs": "fedaas.md#table-2-on-the-sparse-partition-cs-iid-3-seeds"},
              note="The per-client non-iid rows (the authors' code's label skew) are set beside the paper's "
                   "non-iid numbers; fedaas-sparse-cs runs CS on the partition that gives Table 1's ΔE."),
