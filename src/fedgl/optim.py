@@ -31,8 +31,9 @@ def restart_optimizer(optimizer: torch.optim.Optimizer | None, params: list[Tens
                       train: TrainConfig) -> torch.optim.Optimizer:
     """An optimiser as ``make_optimizer(params, train)`` returns it, ``optimizer`` itself when it is that
     Adam over these very parameters: its moments and step counts zeroed in place are what a new Adam's
-    first step makes, without faulting in new storage (4 x 6.6 MB a client a round on Coauthor CS,
-    a tenth of a FedAAS round). Anything else is made anew (SGD's momentum does not start at zero)."""
+    first step makes, without faulting in new storage (4 x 6.6 MB a client a round on Coauthor CS, about
+    a tenth of a FedAAS round's CPU as measured on a loaded machine). Anything else is made anew
+    (SGD's momentum does not start at zero)."""
     group = optimizer.param_groups[0] if optimizer is not None and len(optimizer.param_groups) == 1 else None
     same = (group is not None and isinstance(optimizer, torch.optim.Adam) and group["fused"]
             and train.optimizer == "adam" and group["lr"] == train.lr and group["weight_decay"] == train.weight_decay
