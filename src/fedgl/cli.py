@@ -151,10 +151,12 @@ def _bench(args: argparse.Namespace) -> int:
     overrides = dict(parse_override(assignment) for assignment in args.set or [])
     task = get_task(args.task)
     out = Path(args.out) if args.out else Path("benchmarks") / "results" / task.name
+    if args.extend and args.rerun:
+        raise ConfigError("--extend keeps the runs results.json lists and --rerun runs everything again; choose one")
     if args.cluster and args.executor != "ray":
         raise ConfigError("--cluster names the Ray cluster of --executor ray; add --executor ray")
     run_task(task, out, seeds=args.seeds, quick=args.quick, backend=args.backend, overrides=overrides,
-             only=args.only, rerun=args.rerun, console=console(), jobs=args.jobs, executor=args.executor,
+             only=args.only, rerun=args.rerun, extend=args.extend, console=console(), jobs=args.jobs, executor=args.executor,
              cluster=args.cluster)
     console().print(f"results: {out}")
     return 0
@@ -271,6 +273,9 @@ def _bench_parser(sub) -> None:
                    help="run only the variants whose label contains LABEL (repeatable)")
     b.add_argument("--rerun", action="store_true",
                    help="run again even where the folder holds a finished run with the same config")
+    b.add_argument("--extend", action="store_true",
+                   help="keep the runs the folder's results.json lists (a committed table, without run folders) "
+                   "where they computed what the task asks, and run only the others, e.g. more seeds")
     b.set_defaults(func=_bench)
 
 

@@ -16,6 +16,7 @@ import json
 import statistics
 import time
 from dataclasses import dataclass, field
+from itertools import combinations
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..config import RunConfig, build_config, set_key
+from ..config.identity import config_hashes, hash_without
 from ..errors import ConfigError
 from ..protocols import protocol_class
 from ..results import CONFIG, FINISHED, SUMMARY, write_json
@@ -152,6 +154,38 @@ def finished_summary(folder: Path, cfg: RunConfig) -> dict[str, Any] | None:
     return found
 
 
+def committed_summaries(out: Path) -> dict[tuple[str, int], dict[str, Any]]:
+    """The runs an earlier invocation wrote to ``out``'s ``results.json``, by (variant, seed): a committed
+    results folder keeps them without the runs' own folders."""
+    path = out / "results.json"
+    if not path.is_file():
+        return {}
+    try:
+        rows = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{path} is not valid JSON ({err}); move it away to run the task afresh") from None
+    return {(r["variant"], r["seed"]): r for r in rows if isinstance(r, dict) and {"variant", "seed"} <= r.keys()}
+
+
+def committed_summary(row: dict[str, Any] | None, cfg: RunConfig) -> dict[str, Any] | None:
+    """``row``'s summary if it is a finished run of what ``cfg`` computes: the same config hash (which
+    leaves out where a run ran and what it recorded) and the same number of rounds (which it leaves out too)."""
+    if row is None or row.get("finished", True) is not True or row.get("rounds") != cfg.train.rounds:
+        return None
+    if row.get("config_hash") not in config_hashes(cfg) | earlier_hashes(cfg):
+        return None
+    return {k: v for k, v in row.items() if k not in ("variant", "seed", "folder")}
+
+
+def earlier_hashes(cfg: RunConfig) -> set[str]:
+    """The hashes of ``cfg`` as runs made before some of its protocol options existed hold them: each option
+    set to the value such runs behaved as (``as_saved``) left out, in every combination."""
+    earlier = [f"protocol.{key}" for key, info in protocol_class(cfg.protocol_name).Options.model_fields.items()
+               if isinstance(info.json_schema_extra, dict) and "earlier" in info.json_schema_extra
+               and cfg.protocol.get(key) == info.json_schema_extra["earlier"]]
+    return {hash_without(cfg, set(keys)) for n in range(1, len(earlier) + 1) for keys in combinations(earlier, n)}
+
+
 def within(entry: dict[str, Any], tolerance: float) -> bool | None:
     """Whether an aggregated cell's mean is within ``tolerance`` of the paper's number (None: no pair)."""
     if entry["mean"] is None or entry["paper"] is None:
@@ -197,12 +231,15 @@ def execute_runs(task: BenchTask, total: int, todo: list[RunJob], console: Conso
 
 def run_task(task: BenchTask, out_dir: str | Path, *, seeds: int | None = None, quick: bool = False,
              backend: str | None = None, overrides: dict[str, Any] | None = None, only: list[str] | None = None,
-             rerun: bool = False, console: Console | None = None, jobs: int | None = None,
+             rerun: bool = False, extend: bool = False, console: Console | None = None, jobs: int | None = None,
              executor: str | None = None, cluster: str | None = None) -> dict[str, Any]:
     """Run (or reuse) every selected variant over every seed, then aggregate and write the tables.
 
     A run whose folder already holds a summary made with the same config is reused unless ``rerun``,
-    so an interrupted task continues where it stopped and new seeds or variants can be added later.
+    so an interrupted task continues where it stopped and new seeds or variants can be added later. With
+    ``extend``, so is a run listed in ``out``'s ``results.json`` (a committed results folder, which keeps no
+    run folders) whose config hash and rounds are this run's; the figures then stay as they are, since they
+    need every run's folder.
     ``jobs`` runs at once, each in a worker process (``executor="processes"``, the default with
     ``jobs``) or a Ray task (``"ray"``, on ``cluster`` or a local Ray); the tables are those of one run
     after another. ``cost.json`` records what the runs took.
@@ -218,9 +255,15 @@ def run_task(task: BenchTask, out_dir: str | Path, *, seeds: int | None = None, 
         extra["backend.name"] = backend
     planned = plan_runs(task, variants, n_seeds, extra, out)
     summaries = [None if rerun else finished_summary(job.folder, job.cfg) for job in planned]
-    for job, summary in zip(planned, summaries):
-        if summary is not None:
+    committed, from_rows = committed_summaries(out) if extend and not rerun else {}, []
+    for i, job in enumerate(planned):
+        if summaries[i] is not None:
             console.print(f"[dim]{task.name}: {job.name} (reused)[/dim]")
+            continue
+        summaries[i] = committed_summary(committed.get((job.variant, job.seed)), job.cfg)
+        if summaries[i] is not None:
+            console.print(f"[dim]{task.name}: {job.name} (reused from results.json)[/dim]")
+            from_rows.append(job.name)
     todo = [i for i, summary in enumerate(summaries) if summary is None]
     where, workers = placement(jobs, executor, len(todo))
     outcomes = execute_runs(task, len(planned), [planned[i] for i in todo], console, where, workers, cluster)
@@ -231,6 +274,10 @@ def run_task(task: BenchTask, out_dir: str | Path, *, seeds: int | None = None, 
         if task.derive:
             summary |= task.derive(summary)
         runs.append({"variant": job.variant, "seed": job.seed, "folder": str(job.folder), **summary})
+    if extend:  # the listed runs of the variants and seeds not asked for this time stay in the tables
+        runs, variants, kept = _with_listed(task, runs, committed, console)
+        from_rows += kept
+        n_seeds = max(r["seed"] for r in runs) + 1
     rows = [_row(task, variant, [r for r in runs if r["variant"] == variant.label]) for variant in variants]
     result = {"task": task.name, "description": task.description, "source": task.source, "seeds": n_seeds,
               "quick": quick, "rows": rows}
@@ -241,9 +288,27 @@ def run_task(task: BenchTask, out_dir: str | Path, *, seeds: int | None = None, 
         write_json(out / COST, {"runs": len(planned), "ran": len(todo), "executor": where, "jobs": workers,
                                 "cpu_s": sum(o.cpu_s for o in outcomes), "wall_s": time.perf_counter() - started})
     console.print(render_table(task, rows, n_seeds))
-    if task.finish:
+    if task.finish and from_rows:  # its figures and derived files read every run's own folder
+        console.print(f"{task.name}: figures not redrawn: {len(from_rows)} runs were reused from results.json "
+                      f"without their folders (e.g. {from_rows[0]}); the ones already here are kept")
+    elif task.finish:
         task.finish(out)
     return result
+
+
+def _with_listed(task: BenchTask, runs: list[dict[str, Any]], listed: dict[tuple[str, int], dict[str, Any]],
+                 console: Console) -> tuple[list[dict[str, Any]], list[Variant], list[str]]:
+    """``runs`` and the listed runs they do not redo, in the task's variant order and then by seed; the
+    variants they cover; the names of the listed runs added."""
+    order = {v.label: i for i, v in enumerate(task.variants)}
+    gone = sorted({variant for variant, _ in listed if variant not in order})
+    if gone:
+        console.print(f"{task.name}: results.json lists variants the task no longer has, left out: {', '.join(gone)}")
+    done = {(r["variant"], r["seed"]) for r in runs}
+    kept = [r for key, r in listed.items() if key not in done and key[0] in order]
+    runs = sorted(runs + kept, key=lambda r: (order[r["variant"]], r["seed"]))
+    return (runs, [v for v in task.variants if any(r["variant"] == v.label for r in runs)],
+            [f"{r['variant']} seed {r['seed']}" for r in kept])
 
 
 def _row(task: BenchTask, variant: Variant, mine: list[dict[str, Any]]) -> dict[str, Any]:

@@ -62,6 +62,11 @@ def config_hash(cfg: RunConfig) -> str:
     return _hash(flat_config(cfg))
 
 
+def hash_without(cfg: RunConfig, keys: set[str]) -> str:
+    """The hash ``cfg`` had before its keys ``keys`` existed (a run made then holds it)."""
+    return _hash({k: v for k, v in flat_config(cfg).items() if k not in keys})
+
+
 def config_hashes(cfg: RunConfig) -> set[str]:
     """The hash of ``cfg`` and the ones the same computation had before ``FORMER_VALUES`` changed how its
     config reads: what a checkpoint or a shard folder written then may hold."""
