@@ -254,16 +254,8 @@ def run_task(task: BenchTask, out_dir: str | Path, *, seeds: int | None = None, 
     if backend:
         extra["backend.name"] = backend
     planned = plan_runs(task, variants, n_seeds, extra, out)
-    summaries = [None if rerun else finished_summary(job.folder, job.cfg) for job in planned]
-    committed, from_rows = committed_summaries(out) if extend and not rerun else {}, []
-    for i, job in enumerate(planned):
-        if summaries[i] is not None:
-            console.print(f"[dim]{task.name}: {job.name} (reused)[/dim]")
-            continue
-        summaries[i] = committed_summary(committed.get((job.variant, job.seed)), job.cfg)
-        if summaries[i] is not None:
-            console.print(f"[dim]{task.name}: {job.name} (reused from results.json)[/dim]")
-            from_rows.append(job.name)
+    committed = committed_summaries(out) if extend and not rerun else {}
+    summaries, from_rows = ([None] * len(planned), []) if rerun else _reused(task, planned, committed, console)
     todo = [i for i, summary in enumerate(summaries) if summary is None]
     where, workers = placement(jobs, executor, len(todo))
     outcomes = execute_runs(task, len(planned), [planned[i] for i in todo], console, where, workers, cluster)
@@ -294,6 +286,22 @@ def run_task(task: BenchTask, out_dir: str | Path, *, seeds: int | None = None, 
     elif task.finish:
         task.finish(out)
     return result
+
+
+def _reused(task: BenchTask, planned: list[RunJob], listed: dict[tuple[str, int], dict[str, Any]],
+            console: Console) -> tuple[list[dict[str, Any] | None], list[str]]:
+    """The summary of every planned run already made (None: to run), from its folder or, failing that,
+    from the ``listed`` runs of ``--extend``; the names of those taken from the list."""
+    summaries, from_rows = [], []
+    for job in planned:
+        summary = finished_summary(job.folder, job.cfg)
+        if summary is not None:
+            console.print(f"[dim]{task.name}: {job.name} (reused)[/dim]")
+        elif (summary := committed_summary(listed.get((job.variant, job.seed)), job.cfg)) is not None:
+            console.print(f"[dim]{task.name}: {job.name} (reused from results.json)[/dim]")
+            from_rows.append(job.name)
+        summaries.append(summary)
+    return summaries, from_rows
 
 
 def _with_listed(task: BenchTask, runs: list[dict[str, Any]], listed: dict[tuple[str, int], dict[str, Any]],
