@@ -185,7 +185,7 @@ FEDAAS = Paper(
              note="Savings in % of embedding bytes and of simulated time, seed by seed against the baseline's run of "
                   "the same seed, then the mean (savings.md of fedaas-cost, which keeps no spread)."),
         Item("Figure 7: ablation (CS)", ("fedaas-ablation-cs",), ("final_test_accuracy",),
-             "fedaas.md#ablation-fig-7-cs-iid-1-seed", referenced=False),
+             "fedaas.md#ablation-fig-7-cs-iid-3-seeds", referenced=False),
         Item("Figures 6, 8, 9, 10: sweeps", ("fedaas-alpha-cs", "fedaas-clients-pubmed", "fedaas-neighbours-computers",
                                              "fedaas-edgedrop-cs"),
              ("final_test_accuracy",), "fedaas.md#sweeps-figs-6-8-9-and-10-1-seed", referenced=False),
