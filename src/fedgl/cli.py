@@ -156,8 +156,8 @@ def _bench(args: argparse.Namespace) -> int:
     if args.cluster and args.executor != "ray":
         raise ConfigError("--cluster names the Ray cluster of --executor ray; add --executor ray")
     run_task(task, out, seeds=args.seeds, quick=args.quick, backend=args.backend, overrides=overrides,
-             only=args.only, rerun=args.rerun, extend=args.extend, console=console(), jobs=args.jobs, executor=args.executor,
-             cluster=args.cluster)
+             only=args.only, rerun=args.rerun, extend=args.extend, console=console(), jobs=args.jobs,
+             executor=args.executor, cluster=args.cluster)
     console().print(f"results: {out}")
     return 0
 
