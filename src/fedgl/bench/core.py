@@ -125,15 +125,20 @@ def as_saved(saved: dict[str, Any]) -> dict[str, Any]:
     section = saved.get("protocol")
     if not isinstance(section, dict):
         return saved
-    try:
-        fields = protocol_class(section.get("name", "")).Options.model_fields
-    except ConfigError:
-        return saved
-    for key, info in fields.items():
-        extra = info.json_schema_extra
-        if key not in section and isinstance(extra, dict) and "earlier" in extra:
-            section[key] = extra["earlier"]
+    for key, value in earlier_values(section.get("name", "")).items():
+        section.setdefault(key, value)
     return saved
+
+
+def earlier_values(protocol: str) -> dict[str, Any]:
+    """The options of ``protocol`` whose arrival changed what runs do, each with the value runs made before
+    it behaved as (``json_schema_extra={"earlier": ...}``); none for an unknown protocol."""
+    try:
+        fields = protocol_class(protocol).Options.model_fields
+    except ConfigError:
+        return {}
+    return {key: info.json_schema_extra["earlier"] for key, info in fields.items()
+            if isinstance(info.json_schema_extra, dict) and "earlier" in info.json_schema_extra}
 
 
 def finished_summary(folder: Path, cfg: RunConfig) -> dict[str, Any] | None:
@@ -180,9 +185,8 @@ def committed_summary(row: dict[str, Any] | None, cfg: RunConfig) -> dict[str, A
 def earlier_hashes(cfg: RunConfig) -> set[str]:
     """The hashes of ``cfg`` as runs made before some of its protocol options existed hold them: each option
     set to the value such runs behaved as (``as_saved``) left out, in every combination."""
-    earlier = [f"protocol.{key}" for key, info in protocol_class(cfg.protocol_name).Options.model_fields.items()
-               if isinstance(info.json_schema_extra, dict) and "earlier" in info.json_schema_extra
-               and cfg.protocol.get(key) == info.json_schema_extra["earlier"]]
+    earlier = [f"protocol.{key}" for key, value in earlier_values(cfg.protocol_name).items()
+               if cfg.protocol.get(key) == value]
     return {hash_without(cfg, set(keys)) for n in range(1, len(earlier) + 1) for keys in combinations(earlier, n)}
 
 
