@@ -28,7 +28,7 @@ Groups:
 * ``cnfgnn-cs``, ``fedaas-cs``: one CNFGNN round (every node of Coauthor CS a user) and one FedAAS round
   (examples/fedaas-cs.yaml), in seconds and over the plain PyG steps of the same model timed alternately,
   with the bytes of a round each way, and over the same round on the code before the last speed-ups
-  (``perf_before.BEFORE``, re-run first in a child from its ``git archive``);
+  (``perf_before.BEFORE``, from its ``git archive``: both codes timed in children, in turn, three times);
 * ``startup``: ``python -X importtime`` of ``fedgl.cli`` and ``fedgl.runner``, ``fedgl --version``;
 * ``bench-jobs``: a 2-variant × 3-seed bench task on a synthetic graph, one run after another and then
   with ``--jobs 2``: the ratio of their wall times and whether their tables are the same (CPU pass only).
@@ -60,10 +60,11 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 import perf_references as references
-from perf_before import earlier_code, over_before
+import perf_settings as settings
+from perf_before import over_before, paired_rounds
 from fedgl import device as devices
 from fedgl.errors import ConfigError
-from perf_harness import (CPU, RESULTS, ROOT, FedglRun, Measure, Place, failed, fedgl_command, fmt, gpu_peak,
+from perf_harness import (CPU, RESULTS, FedglRun, Measure, Place, failed, fedgl_command, fmt, gpu_peak,
                           import_seconds, load, machine, paired_seconds, peak_mib, round_timer, seconds_per_call, stem,
                           timed_process, verdict, write)
 
@@ -382,16 +383,13 @@ def beside_reference(group: str, place: Place, cfg: dict, data, reference: Calla
 def cnfgnn_cs(quick: bool, place: Place = CPU) -> list[Measure]:
     """CNFGNN (the nFedGNN bench's GCN 16, Adam) on Coauthor CS, every node a user: every round each user
     uploads its whole first-layer weight and adopts the broadcast average, beside one full-graph step of
-    the same GCN in plain PyG; and over the same round on the code before (``perf_before.BEFORE``)."""
-    data = load("cs")
-    cfg = place.config({"name": "cnfgnn", "lam": 0}, "cs", {"name": "gcn", "hidden": 16, "layers": 2, "dropout": 0.5},
-                       lr=0.1, weight_decay=5e-4, optimizer="adam")
+    the same GCN in plain PyG; and over the same round on the code before (``perf_before``)."""
+    cfg, data, rounds = settings.cnfgnn_cs(place, quick)
     g = references.Graph.on(data, place.device)
-    old = earlier_code("cnfgnn-cs", quick, place)
-    out = over_before("cnfgnn-cs", old, beside_reference(
+    out = over_before("cnfgnn-cs", paired_rounds("cnfgnn-cs", quick, place), beside_reference(
         "cnfgnn-cs", place, cfg, data,
         lambda: references.laplacian_gcn_step(g.x, g.dev.edge_index, g.dev.y, g.dev.train_mask, 16, g.classes, 0.0),
-        1 if quick else 3, "GCN 16, every node a user; the reference: the same GCN, one full-graph step"), "<= 0.4")
+        rounds, "GCN 16, every node a user; the reference: the same GCN, one full-graph step"), "<= 0.4")
     return out + [Measure("cnfgnn-cs", "cnfgnn: writing one round's uploads once and summing them once", upload_floor(
         data.num_nodes, data.num_features, 16), "s", None,
         "what a round cannot go below while every user sends its whole weight: each 1 GiB message written from one "
@@ -416,26 +414,20 @@ def fedaas_cs(quick: bool, place: Place = CPU) -> list[Measure]:
     in-client edges dropped, attention 256/128 with root weights, 10 batches, fan-outs 10/10), beside
     the same model's mini-batch steps in plain PyG over the same clients' training nodes (neighbours
     sampled in the whole graph, features as sparse rows: dense, the reference's step takes three times as
-    long); and over the same round on the code before (``perf_before.BEFORE``)."""
-    import yaml
-
+    long); and over the same round on the code before (``perf_before``)."""
     from fedgl.config import build_config
-    from fedgl.data import load_data
     from fedgl.partition import horizontal_from_config
 
-    cfg = yaml.safe_load((ROOT / "examples" / "fedaas-cs.yaml").read_text())
-    cfg = cfg | {"network": {"compute": "ignore"}, "device": place.name, "eval": {"every": 10**6}}
+    cfg, data, rounds = settings.fedaas_cs(place, quick)
     built = build_config(cfg)
-    data = load_data(built)  # with the example's split
     g = references.Graph.on(data, place.device)
 
     def reference() -> Callable[[], None]:
         owner = horizontal_from_config(data, built.partition, built.seed).owner  # the run's own clients
         return references.attention(g, references.HorizontalSplit.of_owner(g, owner), cfg["protocol"]["batches"],
-                                     sparse=True)
-    old = earlier_code("fedaas-cs", quick, place)
-    out = over_before("fedaas-cs", old, beside_reference(
-        "fedaas-cs", place, cfg, data, reference, 1 if quick else 2,
+                                    sparse=True)
+    out = over_before("fedaas-cs", paired_rounds("fedaas-cs", quick, place), beside_reference(
+        "fedaas-cs", place, cfg, data, reference, rounds,
         "attention 256/128 + root weight, 50 clients x 10 batches, fan-outs 10/10", "<= 1"), "<= 0.6")
     steps = built.partition.num_clients * cfg["protocol"]["batches"]
     return out + [Measure("fedaas-cs", "fedaas: the Adam steps of one round alone", adam_steps(
