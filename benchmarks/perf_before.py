@@ -38,8 +38,8 @@ def round_seconds(group: str, quick: bool, place: Place, src: Path) -> dict[str,
 
 
 def paired_rounds(group: str, quick: bool, place: Place) -> list[tuple[dict, dict]] | Exception:
-    """(code before, this code) seconds per round (``round_seconds``), ``PAIRS`` times in turn (once with ``quick``); or what
-    stopped them (the group's own measures are taken either way)."""
+    """(code before, this code) seconds per round (``round_seconds``), ``PAIRS`` times in turn (once with
+    ``quick``); or what stopped them (the group's own measures are taken either way)."""
     try:
         with tempfile.TemporaryDirectory() as tmp:
             tree = subprocess.run(["git", "-C", str(ROOT), "archive", BEFORE, "src"], capture_output=True, check=True)
