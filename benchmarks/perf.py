@@ -27,7 +27,7 @@ Groups:
   (skipped by ``--quick``);
 * ``cnfgnn-cs``, ``fedaas-cs``: one CNFGNN round (every node of Coauthor CS a user) and one FedAAS round
   (examples/fedaas-cs.yaml), in seconds and over the plain PyG steps of the same model timed alternately,
-  with the bytes of a round each way, and over the same round on the code before the last speed-ups
+  with the bytes of a round each way, and over the same round on the code before the speed work
   (``perf_before.BEFORE``, from its ``git archive``: both codes timed in children, in turn, three times);
 * ``startup``: ``python -X importtime`` of ``fedgl.cli`` and ``fedgl.runner``, ``fedgl --version``;
 * ``bench-jobs``: a 2-variant × 3-seed bench task on a synthetic graph, one run after another and then
