@@ -42,6 +42,10 @@ def test_verdict_rule() -> None:
     assert reproduction.verdict(1.9, 1.0, 0.5, "x.md") == "reproduced"  # within 2 x std
     assert reproduction.verdict(0.9, 0.1, 1.0, "x.md") == "reproduced"  # within the tolerance
     assert reproduction.verdict(-2.1, 1.0, 1.0, "x.md") == "differs ([why](x.md))"
+    # a band of 2 x std over three tolerances decides nothing beyond the tolerance
+    assert reproduction.verdict(-9.6, 13.7, 1.0, "x.md") == reproduction.INCONCLUSIVE
+    assert reproduction.verdict(-0.9, 13.7, 1.0, "x.md") == "reproduced"
+    assert reproduction.verdict(-30.0, 13.7, 1.0, "x.md") == "differs ([why](x.md))"
 
 
 def test_a_result_committed_later_fills_its_rows(tmp_path: Path) -> None:

@@ -26,6 +26,8 @@ PAGE = Path("docs") / "reproduction.md"
 POINTS = 1.0  # tolerance in percentage points (accuracy, F1, AUC and other % columns)
 RELATIVE = 0.05  # tolerance as a share of the paper's number (every other column)
 REPRODUCED, NOT_RUN, NO_PAPER = "reproduced", "not run yet", "no paper number"
+INCONCLUSIVE = "inconclusive: the seeds spread too widely"
+WIDEST = 5.0  # a seed band (2 x std) wider than this many tolerances decides nothing beyond the tolerance
 STALE = "stale: the task changed since this run"
 OFFLINE = "cannot run here: dataset not offline"
 
@@ -82,8 +84,14 @@ def _fmt(value: float, spec: str | None, sign: bool = False) -> str:
 
 
 def verdict(diff: float, std: float, tol: float, why: str) -> str:
-    """Reproduced when |fedgl - paper| <= max(2 x seed std, tolerance); else differs, with the link."""
-    return REPRODUCED if abs(diff) <= max(2 * std, tol) + 1e-9 else f"differs ([why]({why}))"
+    """Reproduced when |fedgl - paper| <= max(2 x seed std, tolerance); differs, with the link, beyond. A
+    difference beyond the tolerance that only a band of 2 x std wider than ``WIDEST`` tolerances covers is
+    inconclusive: such seeds would call almost any paper number reproduced (one collapsed seed suffices)."""
+    if abs(diff) <= tol + 1e-9:
+        return REPRODUCED
+    if abs(diff) > 2 * std + 1e-9:
+        return f"differs ([why]({why}))"
+    return REPRODUCED if 2 * std <= WIDEST * tol + 1e-9 else INCONCLUSIVE
 
 
 class Report:
@@ -181,7 +189,7 @@ class Report:
         return [*cells, f"{ours - paper:+.2f}", verdict(ours - paper, 0.0, tol, why)]
 
 
-VERDICTS = (REPRODUCED, "differs", NOT_RUN, OFFLINE, NO_PAPER, STALE.split(":")[0])
+VERDICTS = (REPRODUCED, "differs", INCONCLUSIVE.split(":")[0], NOT_RUN, OFFLINE, NO_PAPER, STALE.split(":")[0])
 TASK_HEADER = ["fedgl result", "variant", "column", "paper", "fedgl (mean ± std over seeds)", "difference", "verdict"]
 MEASURE_HEADER = ["measure", "paper", "fedgl", "difference", "verdict"]
 
@@ -227,7 +235,9 @@ are and the page is generated again.
 tolerance is the task's own gate where it has one ({{gates}}), else {POINTS:g} percentage
 point for accuracies, F1, AUC and other percentages, and {RELATIVE:.0%} of the paper's number for every other
 column (ratios of the headline claims included). A single seed has no spread, so the tolerance alone decides.
-*differs* links the section of the docs that explains the difference; *{OFFLINE}* marks the paper's datasets
+*{INCONCLUSIVE.split(":")[0]}* marks a difference beyond the tolerance that only the seeds' band covers where that band
+(2 × std) is wider than {WIDEST:g} tolerances: seeds that spread so widely (one collapsed run is enough) would call
+almost any paper number reproduced. *differs* links the section of the docs that explains the difference; *{OFFLINE}* marks the paper's datasets
 that are not available offline here ({', '.join(sorted(NOT_OFFLINE))}); *{NO_PAPER}* marks a figure's curves,
 which carry no printed number, and fedgl's rows beside them; *{STALE}* marks a committed result whose task
 definition has changed since it ran (its `table.md` is no longer what the task renders; a re-run replaces it). A
