@@ -235,9 +235,10 @@ are and the page is generated again.
 tolerance is the task's own gate where it has one ({{gates}}), else {POINTS:g} percentage
 point for accuracies, F1, AUC and other percentages, and {RELATIVE:.0%} of the paper's number for every other
 column (ratios of the headline claims included). A single seed has no spread, so the tolerance alone decides.
-*{INCONCLUSIVE.split(":")[0]}* marks a difference beyond the tolerance that only the seeds' band covers where that band
-(2 × std) is wider than {WIDEST:g} tolerances: seeds that spread so widely (one collapsed run is enough) would call
-almost any paper number reproduced. *differs* links the section of the docs that explains the difference; *{OFFLINE}* marks the paper's datasets
+*{INCONCLUSIVE.split(":")[0]}* marks a difference beyond the tolerance that only the seeds' band covers where that
+band (2 × std) is wider than {WIDEST:g} tolerances: seeds that spread so widely (one collapsed run is enough) would
+call almost any paper number reproduced.
+*differs* links the section of the docs that explains the difference; *{OFFLINE}* marks the paper's datasets
 that are not available offline here ({', '.join(sorted(NOT_OFFLINE))}); *{NO_PAPER}* marks a figure's curves,
 which carry no printed number, and fedgl's rows beside them; *{STALE}* marks a committed result whose task
 definition has changed since it ran (its `table.md` is no longer what the task renders; a re-run replaces it). A
