@@ -28,7 +28,7 @@ Groups:
 * ``cnfgnn-cs``, ``fedaas-cs``: one CNFGNN round (every node of Coauthor CS a user) and one FedAAS round
   (examples/fedaas-cs.yaml), in seconds and over the plain PyG steps of the same model timed alternately,
   with the bytes of a round each way, and over the same round on the code before the speed work
-  (``perf_before.BEFORE``, from its ``git archive``: both codes timed in children, in turn, three times);
+  (``perf_before.BEFORE``, its ``git archive``: the median of three paired CPU-time ratios, each code in a child);
 * ``startup``: ``python -X importtime`` of ``fedgl.cli`` and ``fedgl.runner``, ``fedgl --version``;
 * ``bench-jobs``: a 2-variant × 3-seed bench task on a synthetic graph, one run after another and then
   with ``--jobs 2``: the ratio of their wall times and whether their tables are the same (CPU pass only).
