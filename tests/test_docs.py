@@ -156,7 +156,7 @@ def test_a_paper_marker_needs_its_number() -> None:
     assert docs.stale_values("the paper's <!-- paper -->\n") == ["line 1: a paper marker right after no number"]
 
 
-def test_a_number_may_come_from_one_seed_a_single_run_or_a_task_s_extra_table(tmp_path: Path) -> None:
+def test_a_number_may_come_from_one_seed_a_seed_count_a_single_run_or_a_task_s_extra_table(tmp_path: Path) -> None:
     results = tmp_path / "benchmarks" / "results"
     (results / "t").mkdir(parents=True)
     rows = [{"variant": "a", "test_accuracy": {"mean": 0.8, "std": 0.01, "paper": None}}]
@@ -172,9 +172,12 @@ def test_a_number_may_come_from_one_seed_a_single_run_or_a_task_s_extra_table(tm
     doc.write_text("79.12<!-- = [t|a|test_accuracy seed 0] --> and 80.88<!-- = [t|a|test_accuracy seed 1] -->; "
                    "86.02<!-- = [t/savings.md|A / B|saving] -->, 89.43<!-- = [t/savings.md|A code / B|saving] -->; "
                    "91.42<!-- = [run|summary|final_test_accuracy] --> with loss "
-                   "0.06<!-- = [run|round 50|train_loss] -->\n")
+                   "0.06<!-- = [run|round 50|train_loss] --> (2<!-- = [t|a|seeds] --> seeds)\n")
     assert docs.stale(tmp_path) == []
-    doc.write_text("1<!-- = [t|a|test_accuracy seed 2] --> 2<!-- = [u/savings.md|A / B|saving] -->\n")
+    doc.write_text("1<!-- = [t|a|test_accuracy seed 2] --> 2<!-- = [u/savings.md|A / B|saving] --> "
+                   "(3<!-- = [t|a|seeds] --> seeds, 1<!-- = [t|b|seeds] --> seed)\n")
     assert docs.stale(tmp_path) == [
         "README.md: line 1: 1: t has no run of 'a' with seed 2 and a 'test_accuracy'",
-        "README.md: line 1: 2: benchmarks/results/u/savings.md is not committed"]
+        "README.md: line 1: 2: benchmarks/results/u/savings.md is not committed",
+        "README.md: line 1: 3 is not [t|a|seeds] = 2",
+        "README.md: line 1: 1: t has no run of 'b'"]

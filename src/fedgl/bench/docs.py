@@ -22,7 +22,8 @@ A number in prose carries its source in a comment right after it, invisible once
 ``[FOLDER|VARIANT|COLUMN]`` is the mean of that cell of ``benchmarks/results/FOLDER/table.json``, in
 the table's units (percentages, MB; a script's table of shown cells, its first number);
 ``COLUMN (paper)`` is the paper's number beside it and ``COLUMN std`` the standard deviation.
-``COLUMN seed N`` is one run's value (``results.json``); ``[FOLDER|summary|COLUMN]`` and
+``COLUMN seed N`` is one run's value (``results.json``) and ``seeds`` how many seeds the variant was run
+with there, so a "3 seeds" in prose goes stale with its table; ``[FOLDER|summary|COLUMN]`` and
 ``[FOLDER|round N|COLUMN]`` read a single committed run (``summary.json``, ``metrics.jsonl``);
 ``[FOLDER/NAME.md|ROW|COLUMN]`` a task's extra markdown table, its rows named by their leading cells that
 are not numbers joined by " / " (``[fedaas-cost/savings.md|FedAAS / FedCross|embedding saving]``).
@@ -197,6 +198,15 @@ def _seed_value(root: Path, folder: str, variant: str, column: str, seed: int) -
     return float(run[column]) * display_scale(column, task.formats.get(column) if task else None)
 
 
+def _seed_count(root: Path, folder: str, variant: str) -> int:
+    """How many seeds of ``variant`` the ``results.json`` of ``folder`` holds."""
+    runs = json.loads((root / "benchmarks" / "results" / folder / "results.json").read_text())
+    count = len({r["seed"] for r in runs if r["variant"] == variant})
+    if not count:
+        raise ValueError(f"{folder} has no run of {variant!r}")
+    return count
+
+
 def _shown(cell: object) -> dict[str, float | None]:
     numbers = [float(n) for n in re.findall(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?", str(cell))]
     return {"mean": numbers[0] if numbers else None, "std": numbers[1] if "±" in str(cell) and len(numbers) > 1
@@ -210,6 +220,11 @@ def ref_value(root: Path, folder: str, variant: str, column: str) -> float:
     except FileNotFoundError:
         name = "perf.json" if folder == "perf" else folder if folder.endswith(".md") else f"{folder}/table.json"
         raise ValueError(f"benchmarks/results/{name} is not committed") from None
+    if column == "seeds":
+        try:
+            return float(_seed_count(root, folder, variant))
+        except FileNotFoundError:
+            raise ValueError(f"benchmarks/results/{folder}/results.json is not committed") from None
     seed = re.fullmatch(r"(?P<name>.+) seed (?P<seed>\d+)", column)
     if seed:
         try:
