@@ -370,8 +370,8 @@ def unmarked(root: Path = ROOT) -> list[str]:
 
 def regenerated(folder: Path) -> tuple[str, list[dict]] | str | None:
     """``table.md`` and ``table.json``'s rows of a committed task folder as its task makes them today from
-    ``results.json``; a line saying why it cannot (a variant no longer in the task); None for a script's
-    table or a folder without results or task."""
+    ``results.json``; a line saying why it cannot (a variant no longer in the task, more seeds than the task
+    runs); None for a script's table or a folder without results or task."""
     from . import all_tasks
     from .core import _row as row_of, render_markdown
 
@@ -386,6 +386,9 @@ def regenerated(folder: Path) -> tuple[str, list[dict]] | str | None:
     labels = list(dict.fromkeys(r["variant"] for r in runs))
     if any(label not in variants for label in labels):
         return f"variants {', '.join(sorted(set(labels) - set(variants)))} are no longer in {task.name}"
+    most = max((len({r["seed"] for r in runs if r["variant"] == label}), label) for label in labels)
+    if most[0] > task.seeds:  # `fedgl bench TASK` would make a table of fewer seeds than the committed one
+        return f"{most[1]} has {most[0]} seeds committed, more than {task.name} runs ({task.seeds})"
     rows = [row_of(task, variants[label], [r for r in runs if r["variant"] == label]) for label in labels]
     return render_markdown(task, rows, table["seeds"]), json.loads(json.dumps(rows, default=float))
 
