@@ -43,9 +43,13 @@ def test_verdict_rule() -> None:
     assert reproduction.verdict(0.9, 0.1, 1.0, "x.md") == "reproduced"  # within the tolerance
     assert reproduction.verdict(-2.1, 1.0, 1.0, "x.md") == "differs ([why](x.md))"
     # a band of 2 x std over three tolerances decides nothing beyond the tolerance
-    assert reproduction.verdict(-9.6, 13.7, 1.0, "x.md") == reproduction.INCONCLUSIVE
+    assert reproduction.verdict(-9.6, 13.7, 1.0, "x.md") == f"{reproduction.INCONCLUSIVE} ([why](x.md))"
     assert reproduction.verdict(-0.9, 13.7, 1.0, "x.md") == "reproduced"
     assert reproduction.verdict(-30.0, 13.7, 1.0, "x.md") == "differs ([why](x.md))"
+    # a claimed effect (a headline measure) is reproduced only within the tolerance: its band alone shows nothing
+    assert reproduction.claim_verdict(0.9, 0.0, 1.0, "x.md") == "reproduced"
+    assert reproduction.claim_verdict(-1.66, 1.70, 1.0, "x.md") == f"{reproduction.INCONCLUSIVE} ([why](x.md))"
+    assert reproduction.claim_verdict(-1.53, 0.31, 1.0, "x.md") == "differs ([why](x.md))"
 
 
 def test_a_result_committed_later_fills_its_rows(tmp_path: Path) -> None:
@@ -96,3 +100,35 @@ def test_a_result_made_before_its_task_changed_is_stale(tmp_path: Path) -> None:
     page = reproduction.render(tmp_path).splitlines()
     rows = [line for line in page if "(../benchmarks/results/glasu-table3/" in line]
     assert rows and all(line.endswith(f"| {reproduction.STALE} |") for line in rows)
+
+
+def _table2_cora(root: Path, accuracy: dict[str, dict[int, float]]) -> None:
+    """glasu-table2-cora committed with the given test accuracy of each variant at each seed."""
+    folder = root / "benchmarks" / "results" / "glasu-table2-cora"
+    folder.mkdir(parents=True, exist_ok=True)
+    runs = [{"variant": v, "seed": s, "test_accuracy": a}
+            for v, by_seed in accuracy.items() for s, a in by_seed.items()]
+    folder.joinpath("results.json").write_text(json.dumps(runs))
+    folder.joinpath("table.json").write_text(json.dumps({"task": "glasu-table2-cora", "seeds": 5, "rows": []}))
+    markdown, rows = docs.regenerated(folder)
+    folder.joinpath("table.md").write_text(markdown)
+    folder.joinpath("table.json").write_text(json.dumps({"task": "glasu-table2-cora", "seeds": 5, "rows": rows}))
+
+
+def test_a_headline_difference_carries_the_spread_of_its_seeds_paired(tmp_path: Path) -> None:
+    """GLASU-4 minus centralized on Cora, seed by seed: its band is the std of the paired differences, over the
+    seeds both ran; within the tolerance it is reproduced, beyond it only inside the band it is inconclusive."""
+    label = "GLASU-4 minus centralized test accuracy, cora | -0.60 points"
+    cent = {0: 0.85, 1: 0.84, 2: 0.86}
+    _table2_cora(tmp_path, {"cora GLASU-4": {0: 0.83, 1: 0.82, 2: 0.84}, "cora Cent.": cent})
+    # differences -2, -2, -2 points: no spread, 1.40 beyond the paper's -0.60
+    assert f"| {label} | -2.00 ± 0.00 points (3 seeds, paired) | -1.40 | differs" in reproduction.render(tmp_path)
+    _table2_cora(tmp_path, {"cora GLASU-4": {0: 0.83, 1: 0.85, 2: 0.82, 3: 0.86}, "cora Cent.": cent})
+    # seeds 0-2 only (seed 3 has no centralized run): differences -2, +1, -4; the mean's -1.00 is from the table
+    page = reproduction.render(tmp_path)
+    assert f"| {label} | -1.00 ± 2.52 points (3 seeds, paired) | -0.40 | reproduced |" in page
+    _table2_cora(tmp_path, {"cora GLASU-4": {0: 0.83, 1: 0.86, 2: 0.80}, "cora Cent.": cent})
+    row = next(line for line in reproduction.render(tmp_path).splitlines() if line.startswith(f"| {label}"))
+    assert row.startswith(f"| {label} | -2.00 ± 4.00 points (3 seeds, paired) | -1.40 | inconclusive")
+    _table2_cora(tmp_path, {"cora GLASU-4": {0: 0.83}, "cora Cent.": {0: 0.85}})
+    assert f"| {label} | -2.00 points | -1.40 | differs" in reproduction.render(tmp_path)

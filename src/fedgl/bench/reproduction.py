@@ -12,6 +12,7 @@ they are; ``tests/test_reproduction.py`` fails when the committed page is not wh
 from __future__ import annotations
 
 import json
+import statistics
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from typing import Any
 from ..tables import markdown_table
 from . import all_tasks
 from .core import BenchTask, Variant, display_scale
-from .docs import ROOT, evaluate, ref_value, table_drift
+from .docs import REF, ROOT, evaluate, ref_value, table_drift
 from .papers import NOT_OFFLINE, PAPERS, Item, Measure, Paper
 
 PAGE = Path("docs") / "reproduction.md"
@@ -91,7 +92,16 @@ def verdict(diff: float, std: float, tol: float, why: str) -> str:
         return REPRODUCED
     if abs(diff) > 2 * std + 1e-9:
         return f"differs ([why]({why}))"
-    return REPRODUCED if 2 * std <= WIDEST * tol + 1e-9 else INCONCLUSIVE
+    return REPRODUCED if 2 * std <= WIDEST * tol + 1e-9 else f"{INCONCLUSIVE} ([why]({why}))"
+
+
+def claim_verdict(diff: float, std: float, tol: float, why: str) -> str:
+    """A headline measure, an effect the paper claims (one method ahead of another, a saving): reproduced only
+    within the tolerance; a difference that only the band of 2 x its paired std covers is inconclusive, since
+    seeds that spread that much show neither the claimed effect nor its absence."""
+    if abs(diff) <= tol + 1e-9:
+        return REPRODUCED
+    return f"{INCONCLUSIVE} ([why]({why}))" if abs(diff) <= 2 * std + 1e-9 else f"differs ([why]({why}))"
 
 
 class Report:
@@ -102,6 +112,7 @@ class Report:
         self.tasks = all_tasks()
         self.index = committed(root)
         self.stale = {line.split("/")[0].split(":")[0] for line in table_drift(root)}  # folders, as docs names them
+        self.results: dict[str, list[dict[str, Any]]] = {}  # each folder's results.json, read once
 
     def task(self, name: str) -> BenchTask:
         if name not in self.tasks:
@@ -136,6 +147,40 @@ class Report:
             return evaluate(self.root, expr, self.resolve) if expr else None
         except Missing:
             return None
+
+    def runs(self, name: str, label: str) -> dict[int, dict[str, Any]]:
+        """The committed runs of a task's variant by seed (from the folder its table row is read from)."""
+        folder = self.index.get((name, label), ("", {}))[0]
+        path = self.root / "benchmarks" / "results" / folder / "results.json"
+        if folder and folder not in self.results:
+            self.results[folder] = json.loads(path.read_text()) if path.exists() else []
+        return {r["seed"]: r for r in self.results.get(folder, []) if r["variant"] == label}
+
+    def paired(self, expr: str) -> list[float]:
+        """``expr`` seed by seed, over the seeds every result it reads was run with (runs of one seed share
+        their partition, so a difference of methods is paired); empty below two such seeds or where it reads
+        something without runs (a std, an extra table)."""
+        refs = [(m["folder"].strip(), m["variant"].strip(), m["column"].strip()) for m in REF.finditer(expr)]
+        ours = [(name, label, column) for name, label, column in refs if not column.endswith(" (paper)")]
+        if not ours or any(name.endswith(".md") or column.endswith(" std") for name, _, column in ours):
+            return []
+        runs = {(name, label): self.runs(name, label) for name, label, _ in ours}
+        seeds = sorted(set.intersection(*(set(by_seed) for by_seed in runs.values())))
+
+        def at(seed: int) -> float:
+            def resolve(root: Path, name: str, label: str, column: str) -> float:
+                if column.endswith(" (paper)"):
+                    return self.resolve(root, name, label, column)
+                value = runs[(name, label)][seed].get(column)
+                if value is None:
+                    raise Missing(f"{name}: {label} seed {seed} has no {column}")
+                return value * display_scale(column, self.task(name).formats.get(column))
+            return evaluate(self.root, expr, resolve)
+
+        try:
+            return [at(seed) for seed in seeds] if len(seeds) > 1 else []
+        except Missing:
+            return []
 
     def task_rows(self, item: Item) -> list[list[str]]:
         rows = []
@@ -179,14 +224,19 @@ class Report:
                 verdict(diff, std, tolerance(task, column, paper), why)]
 
     def measure_row(self, measure: Measure, why: str) -> list[str]:
+        """A headline measure: its value from the committed means, its band the spread of the measure taken
+        seed by seed (``paired``)."""
         ours, paper = self.value(measure.fedgl), self.value(measure.paper)
         unit = f" {measure.unit}" if measure.unit else ""
+        series = self.paired(measure.fedgl) if ours is not None else []
+        std = statistics.stdev(series) if series else 0.0
+        band = f" ± {std:.2f}{unit} ({len(series)} seeds, paired)" if series else unit
         cells = [measure.label, "" if paper is None else f"{paper:.2f}{unit}",
-                 NOT_RUN if ours is None else f"{ours:.2f}{unit}"]
+                 NOT_RUN if ours is None else f"{ours:.2f}{band}"]
         if ours is None or paper is None:
             return [*cells, "", NOT_RUN if ours is None else NO_PAPER]
         tol = RELATIVE * abs(paper) if measure.unit == "x" else POINTS
-        return [*cells, f"{ours - paper:+.2f}", verdict(ours - paper, 0.0, tol, why)]
+        return [*cells, f"{ours - paper:+.2f}", claim_verdict(ours - paper, std, tol, why)]
 
 
 VERDICTS = (REPRODUCED, "differs", INCONCLUSIVE.split(":")[0], NOT_RUN, OFFLINE, NO_PAPER, STALE.split(":")[0])
@@ -242,7 +292,11 @@ call almost any paper number reproduced.
 that are not available offline here ({', '.join(sorted(NOT_OFFLINE))}); *{NO_PAPER}* marks a figure's curves,
 which carry no printed number, and fedgl's rows beside them; *{STALE}* marks a committed result whose task
 definition has changed since it ran (its `table.md` is no longer what the task renders; a re-run replaces it). A
-headline claim's measures are differences or ratios of those cells, the paper's beside fedgl's."""
+headline claim's measures are differences or ratios of those cells, the paper's beside fedgl's; where every result a
+measure reads was run with the same seeds, its ± is the standard deviation of the measure taken seed by seed (runs
+of one seed share their partition, so a difference between methods is paired). A measure is an effect the paper
+claims, so it is *{REPRODUCED}* only within the tolerance, and *{INCONCLUSIVE.split(":")[0]}* where only its band
+(2 × that std) covers the paper's number: such seeds show neither the effect nor its absence."""
 
 
 def render(root: Path = ROOT) -> str:
