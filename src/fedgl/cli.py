@@ -157,8 +157,9 @@ def _bench(args: argparse.Namespace) -> int:
         raise ConfigError("--cluster names the Ray cluster of --executor ray; add --executor ray")
     run_task(task, out, seeds=args.seeds, quick=args.quick, backend=args.backend, overrides=overrides,
              only=args.only, rerun=args.rerun, extend=args.extend, console=console(), jobs=args.jobs,
-             executor=args.executor, cluster=args.cluster)
-    console().print(f"results: {out}")
+             executor=args.executor, cluster=args.cluster, plan=args.plan)
+    if not args.plan:
+        console().print(f"results: {out}")
     return 0
 
 
@@ -276,6 +277,9 @@ def _bench_parser(sub) -> None:
     b.add_argument("--extend", action="store_true",
                    help="keep the runs the folder's results.json lists (a committed table, without run folders) "
                    "where they computed what the task asks, and run only the others, e.g. more seeds")
+    b.add_argument("--plan", action="store_true",
+                   help="run nothing: list the runs the other options would make, each with its wall time "
+                   "estimated from its variant's runs in results.json, and the total over --jobs")
     b.set_defaults(func=_bench)
 
 

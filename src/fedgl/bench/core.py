@@ -30,6 +30,7 @@ from ..errors import ConfigError
 from ..protocols import protocol_class
 from ..results import CONFIG, FINISHED, SUMMARY, write_json
 from ..tables import markdown_table
+from .estimate import plan_table
 from .executor import EXECUTORS, Outcome, RunJob, execute, run_jobs
 
 COST = "cost.json"  # what the task's runs cost: CPU seconds summed over them, wall seconds of the whole task
@@ -236,7 +237,7 @@ def execute_runs(task: BenchTask, total: int, todo: list[RunJob], console: Conso
 def run_task(task: BenchTask, out_dir: str | Path, *, seeds: int | None = None, quick: bool = False,
              backend: str | None = None, overrides: dict[str, Any] | None = None, only: list[str] | None = None,
              rerun: bool = False, extend: bool = False, console: Console | None = None, jobs: int | None = None,
-             executor: str | None = None, cluster: str | None = None) -> dict[str, Any]:
+             executor: str | None = None, cluster: str | None = None, plan: bool = False) -> dict[str, Any]:
     """Run (or reuse) every selected variant over every seed, then aggregate and write the tables.
 
     A run whose folder already holds a summary made with the same config is reused unless ``rerun``,
@@ -246,7 +247,8 @@ def run_task(task: BenchTask, out_dir: str | Path, *, seeds: int | None = None, 
     need every run's folder.
     ``jobs`` runs at once, each in a worker process (``executor="processes"``, the default with
     ``jobs``) or a Ray task (``"ray"``, on ``cluster`` or a local Ray); the tables are those of one run
-    after another. ``cost.json`` records what the runs took.
+    after another. ``cost.json`` records what the runs took. ``plan`` runs nothing: it prints the runs to
+    make with their estimated wall time (``estimate``) and returns them.
     """
     started = time.perf_counter()
     console = console or Console()
@@ -262,6 +264,11 @@ def run_task(task: BenchTask, out_dir: str | Path, *, seeds: int | None = None, 
     summaries, from_rows = ([None] * len(planned), []) if rerun else _reused(task, planned, committed, console)
     todo = [i for i, summary in enumerate(summaries) if summary is None]
     where, workers = placement(jobs, executor, len(todo))
+    if plan:
+        table, line = plan_table(task.name, [planned[i] for i in todo], len(planned) - len(todo),
+                                 committed_summaries(out), workers)
+        console.print(table, line)
+        return {"task": task.name, "to_run": [planned[i].name for i in todo]}
     outcomes = execute_runs(task, len(planned), [planned[i] for i in todo], console, where, workers, cluster)
     for i, outcome in zip(todo, outcomes):
         summaries[i] = outcome.summary
