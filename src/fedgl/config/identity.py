@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from itertools import combinations
 from typing import Any
 
 from . import RunConfig
@@ -52,8 +53,10 @@ def resumable_change(key: str) -> bool:
     return any(key == k or key.startswith(f"{k}.") for k in RESUMABLE_CHANGES)
 
 
-def _hash(flat: dict[str, Any]) -> str:
-    kept = {k: v for k, v in flat.items() if not resumable_change(k) and not (k in ADDED_KEYS and ADDED_KEYS[k] == v)}
+def _hash(flat: dict[str, Any], hashed: frozenset[str] = frozenset()) -> str:
+    """The hash of ``flat``, its ``ADDED_KEYS`` at their earlier value left out but those in ``hashed``."""
+    kept = {k: v for k, v in flat.items()
+            if not resumable_change(k) and (k in hashed or not (k in ADDED_KEYS and ADDED_KEYS[k] == v))}
     return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -69,8 +72,12 @@ def hash_without(cfg: RunConfig, keys: set[str]) -> str:
 
 def config_hashes(cfg: RunConfig) -> set[str]:
     """The hash of ``cfg`` and the ones the same computation had before ``FORMER_VALUES`` changed how its
-    config reads: what a checkpoint or a shard folder written then may hold."""
+    config reads, and while keys now in ``ADDED_KEYS`` (at their earlier value here) were still hashed, as
+    they were between their arrival and their entry there: what a checkpoint, a shard folder or a bench
+    result written then may hold."""
     flat = flat_config(cfg)
     former = {key: old for (protocol, key, value), old in FORMER_VALUES.items()
               if cfg.protocol_name == protocol and flat.get(key) == value}
-    return {_hash(flat), _hash(flat | former)}
+    added = [k for k in ADDED_KEYS if k in flat and flat[k] == ADDED_KEYS[k]]
+    kept = [frozenset(c) for n in range(len(added) + 1) for c in combinations(added, n)]
+    return {_hash(f, keys) for f in (flat, flat | former) for keys in kept}
