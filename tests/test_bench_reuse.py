@@ -96,6 +96,27 @@ def test_a_run_made_before_a_protocol_option_existed_is_reused_where_it_behaved_
     assert committed_summary(old | {"finished": False}, cfg("round")) is None
 
 
+def test_a_run_hashed_before_a_key_was_declared_added_is_reused():
+    """GLASU's ``inference`` was hashed at its value from its arrival until it joined ``ADDED_KEYS`` (which
+    leaves such keys out at the value earlier runs behaved as): a row of that time is today's run."""
+    import hashlib
+
+    from fedgl.config import build_config
+    from fedgl.config.identity import ADDED_KEYS, flat_config, resumable_change
+
+    def cfg(inference: str):
+        return build_config({"dataset": {"name": "synthetic"}, "train": {"rounds": 3},
+                             "protocol": {"name": "glasu", "inference": inference}})
+
+    flat = flat_config(cfg("full"))
+    kept = {k: v for k, v in flat.items() if not resumable_change(k)
+            and (k == "protocol.inference" or not (k in ADDED_KEYS and ADDED_KEYS[k] == v))}
+    then = hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
+    row = {"variant": "v", "seed": 0, "rounds": 3, "finished": True, "config_hash": then}
+    assert committed_summary(row, cfg("full")) is not None
+    assert committed_summary(row, cfg("sampled")) is None
+
+
 def test_the_command_line_refuses_extend_with_rerun(capsys):
     from fedgl.cli import main
 
