@@ -41,3 +41,11 @@ def test_a_plan_estimates_the_new_seeds_from_the_committed_runs_and_runs_nothing
     assert "about 20 minutes of runs, about 10 minutes of wall time with 2 at once" in said
     assert "3 runs without an estimate left out" in said  # sage has no run to estimate from
     assert not (out / "runs").exists() and json.loads((out / "results.json").read_text()) == rows
+    # another config (here another learning rate) is not estimated from runs that computed something else
+    run_task(_task(), out, seeds=3, extend=True, overrides={"train.lr": 0.02}, plan=True)
+    assert "no run in results.json computed what these will" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_plan_writes_nothing(tmp_path) -> None:
+    planned = run_task(_task(), tmp_path / "new", plan=True)
+    assert planned["to_run"] == ["gcn seed 0", "sage seed 0"] and not (tmp_path / "new").exists()

@@ -109,12 +109,25 @@ def test_a_run_hashed_before_a_key_was_declared_added_is_reused():
                              "protocol": {"name": "glasu", "inference": inference}})
 
     flat = flat_config(cfg("full"))
+    hashed = {"protocol.inference", "protocol.train_clients"}  # both joined ADDED_KEYS in one change
     kept = {k: v for k, v in flat.items() if not resumable_change(k)
-            and (k == "protocol.inference" or not (k in ADDED_KEYS and ADDED_KEYS[k] == v))}
+            and (k in hashed or not (k in ADDED_KEYS and ADDED_KEYS[k] == v))}
     then = hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
     row = {"variant": "v", "seed": 0, "rounds": 3, "finished": True, "config_hash": then}
     assert committed_summary(row, cfg("full")) is not None
     assert committed_summary(row, cfg("sampled")) is None
+
+
+def test_the_committed_runs_hashed_then_are_reused():
+    """glasu-centralized-gap's committed seed-0 runs were made in that window: --extend keeps every one."""
+    from fedgl.bench import get_task
+    from fedgl.bench.core import committed_summaries, plan_runs, select_variants
+
+    task = get_task("glasu-centralized-gap")
+    folder = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / task.name
+    listed = committed_summaries(folder)
+    jobs = plan_runs(task, select_variants(task, None), 1, {}, folder)
+    assert jobs and all(committed_summary(listed[(job.variant, 0)], job.cfg) is not None for job in jobs)
 
 
 def test_the_command_line_refuses_extend_with_rerun(capsys):

@@ -50,6 +50,8 @@ def test_verdict_rule() -> None:
     assert reproduction.claim_verdict(0.9, 0.0, 1.0, "x.md") == "reproduced"
     assert reproduction.claim_verdict(-1.66, 1.70, 1.0, "x.md") == f"{reproduction.INCONCLUSIVE} ([why](x.md))"
     assert reproduction.claim_verdict(-1.53, 0.31, 1.0, "x.md") == "differs ([why](x.md))"
+    # within the tolerance, but by seeds that spread more than it: they show nothing either way
+    assert reproduction.claim_verdict(0.4, 3.0, 1.0, "x.md") == f"{reproduction.INCONCLUSIVE} ([why](x.md))"
 
 
 def test_a_result_committed_later_fills_its_rows(tmp_path: Path) -> None:
@@ -116,19 +118,28 @@ def _table2_cora(root: Path, accuracy: dict[str, dict[int, float]]) -> None:
 
 
 def test_a_headline_difference_carries_the_spread_of_its_seeds_paired(tmp_path: Path) -> None:
-    """GLASU-4 minus centralized on Cora, seed by seed: its band is the std of the paired differences, over the
-    seeds both ran; within the tolerance it is reproduced, beyond it only inside the band it is inconclusive."""
+    """GLASU-4 minus centralized on Cora, seed by seed where both ran the same seeds: its mean and the std of
+    the paired differences; reproduced within the tolerance by seeds whose std is within it, inconclusive where
+    the seeds spread more, differs beyond both; with other seeds, or one, the difference of the means alone."""
     label = "GLASU-4 minus centralized test accuracy, cora | -0.60 points"
     cent = {0: 0.85, 1: 0.84, 2: 0.86}
-    _table2_cora(tmp_path, {"cora GLASU-4": {0: 0.83, 1: 0.82, 2: 0.84}, "cora Cent.": cent})
+
+    def row(glasu: dict[int, float], centralized: dict[int, float] = cent) -> str:
+        _table2_cora(tmp_path, {"cora GLASU-4": glasu, "cora Cent.": centralized})
+        return next(line for line in reproduction.render(tmp_path).splitlines() if line.startswith(f"| {label}"))
+
     # differences -2, -2, -2 points: no spread, 1.40 beyond the paper's -0.60
-    assert f"| {label} | -2.00 ± 0.00 points (3 seeds, paired) | -1.40 | differs" in reproduction.render(tmp_path)
-    _table2_cora(tmp_path, {"cora GLASU-4": {0: 0.83, 1: 0.85, 2: 0.82, 3: 0.86}, "cora Cent.": cent})
-    # seeds 0-2 only (seed 3 has no centralized run): differences -2, +1, -4; the mean's -1.00 is from the table
-    page = reproduction.render(tmp_path)
-    assert f"| {label} | -1.00 ± 2.52 points (3 seeds, paired) | -0.40 | reproduced |" in page
-    _table2_cora(tmp_path, {"cora GLASU-4": {0: 0.83, 1: 0.86, 2: 0.80}, "cora Cent.": cent})
-    row = next(line for line in reproduction.render(tmp_path).splitlines() if line.startswith(f"| {label}"))
-    assert row.startswith(f"| {label} | -2.00 ± 4.00 points (3 seeds, paired) | -1.40 | inconclusive")
-    _table2_cora(tmp_path, {"cora GLASU-4": {0: 0.83}, "cora Cent.": {0: 0.85}})
-    assert f"| {label} | -2.00 points | -1.40 | differs" in reproduction.render(tmp_path)
+    assert row({0: 0.83, 1: 0.82, 2: 0.84}).startswith(f"| {label} | -2.00 ± 0.00 points (3 seeds, paired) | -1.40 | "
+                                                      "differs")
+    # differences -1, -1, 0: mean -0.67, within the tolerance by seeds that agree
+    assert row({0: 0.84, 1: 0.83, 2: 0.86}) == (f"| {label} | -0.67 ± 0.58 points (3 seeds, paired) | -0.07 | "
+                                                "reproduced |")
+    # differences -1, +2, -4: the mean is within the tolerance but the seeds spread by 3 points
+    assert row({0: 0.84, 1: 0.86, 2: 0.82}).startswith(f"| {label} | -1.00 ± 3.00 points (3 seeds, paired) | -0.40 | "
+                                                      "inconclusive")
+    # differences -2, +2, -6: 1.40 beyond the paper's number, inside the band of 2 x 4.00
+    assert row({0: 0.83, 1: 0.86, 2: 0.80}).startswith(f"| {label} | -2.00 ± 4.00 points (3 seeds, paired) | -1.40 | "
+                                                      "inconclusive")
+    # seed 3 has no centralized run: the means (84.00 against 85.00), without a spread
+    assert row({0: 0.83, 1: 0.85, 2: 0.82, 3: 0.86}) == f"| {label} | -1.00 points | -0.40 | reproduced |"
+    assert row({0: 0.83}, {0: 0.85}).startswith(f"| {label} | -2.00 points | -1.40 | differs")

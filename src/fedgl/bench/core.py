@@ -178,9 +178,14 @@ def committed_summary(row: dict[str, Any] | None, cfg: RunConfig) -> dict[str, A
     leaves out where a run ran and what it recorded) and the same number of rounds (which it leaves out too)."""
     if row is None or row.get("finished", True) is not True or row.get("rounds") != cfg.train.rounds:
         return None
-    if row.get("config_hash") not in config_hashes(cfg) | earlier_hashes(cfg):
+    if not same_computation(row, cfg):
         return None
     return {k: v for k, v in row.items() if k not in ("variant", "seed", "folder")}
+
+
+def same_computation(row: dict[str, Any], cfg: RunConfig) -> bool:
+    """Whether ``row``'s config hash is one ``cfg`` has held, however long either ran."""
+    return row.get("config_hash") in config_hashes(cfg) | earlier_hashes(cfg)
 
 
 def earlier_hashes(cfg: RunConfig) -> set[str]:
@@ -254,7 +259,6 @@ def run_task(task: BenchTask, out_dir: str | Path, *, seeds: int | None = None, 
     console = console or Console()
     variants = select_variants(task, only)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     n_seeds = seeds or (1 if quick else task.seeds)
     extra = {**(task.quick if quick else {}), **(overrides or {})}
     if backend:
@@ -265,10 +269,8 @@ def run_task(task: BenchTask, out_dir: str | Path, *, seeds: int | None = None, 
     todo = [i for i, summary in enumerate(summaries) if summary is None]
     where, workers = placement(jobs, executor, len(todo))
     if plan:
-        table, line = plan_table(task.name, [planned[i] for i in todo], len(planned) - len(todo),
-                                 committed_summaries(out), workers)
-        console.print(table, line)
-        return {"task": task.name, "to_run": [planned[i].name for i in todo]}
+        return _plan(task, [planned[i] for i in todo], len(planned), extra, out, workers, console)
+    out.mkdir(parents=True, exist_ok=True)
     outcomes = execute_runs(task, len(planned), [planned[i] for i in todo], console, where, workers, cluster)
     for i, outcome in zip(todo, outcomes):
         summaries[i] = outcome.summary
@@ -297,6 +299,20 @@ def run_task(task: BenchTask, out_dir: str | Path, *, seeds: int | None = None, 
     elif task.finish:
         task.finish(out)
     return result
+
+
+def _plan(task: BenchTask, todo: list[RunJob], total: int, extra: dict[str, Any], out: Path, workers: int,
+          console: Console) -> dict[str, Any]:
+    """``--plan``: print the runs to make, each estimated from the listed runs of its variant that computed
+    what it will (another seed of the same config, as long or stopped earlier at a target), and return them."""
+    variants = {v.label: v for v in task.variants}
+    walls = [[float(row["wall_time_s"]) for (label, seed), row in committed_summaries(out).items()
+              if label == job.variant and isinstance(row.get("wall_time_s"), (int, float))
+              and row.get("rounds", 0) <= job.cfg.train.rounds
+              and same_computation(row, variant_config(task, variants[label], seed, extra))] for job in todo]
+    table, line = plan_table(task.name, todo, walls, total - len(todo), workers)
+    console.print(table, line)
+    return {"task": task.name, "to_run": [job.name for job in todo]}
 
 
 def _reused(task: BenchTask, planned: list[RunJob], listed: dict[tuple[str, int], dict[str, Any]],

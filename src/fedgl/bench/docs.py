@@ -370,8 +370,8 @@ def unmarked(root: Path = ROOT) -> list[str]:
 
 def regenerated(folder: Path) -> tuple[str, list[dict]] | str | None:
     """``table.md`` and ``table.json``'s rows of a committed task folder as its task makes them today from
-    ``results.json``; a line saying why it cannot (a variant no longer in the task, more seeds than the task
-    runs); None for a script's table or a folder without results or task."""
+    ``results.json``; a line saying why it cannot (a variant no longer in the task); None for a script's
+    table or a folder without results or task."""
     from . import all_tasks
     from .core import _row as row_of, render_markdown
 
@@ -386,9 +386,6 @@ def regenerated(folder: Path) -> tuple[str, list[dict]] | str | None:
     labels = list(dict.fromkeys(r["variant"] for r in runs))
     if any(label not in variants for label in labels):
         return f"variants {', '.join(sorted(set(labels) - set(variants)))} are no longer in {task.name}"
-    most = max((len({r["seed"] for r in runs if r["variant"] == label}), label) for label in labels)
-    if most[0] > task.seeds:  # `fedgl bench TASK` would make a table of fewer seeds than the committed one
-        return f"{most[1]} has {most[0]} seeds committed, more than {task.name} runs ({task.seeds})"
     rows = [row_of(task, variants[label], [r for r in runs if r["variant"] == label]) for label in labels]
     return render_markdown(task, rows, table["seeds"]), json.loads(json.dumps(rows, default=float))
 
@@ -406,6 +403,23 @@ def table_drift(root: Path = ROOT) -> list[str]:
                 problems.append(f"{folder.name}/table.md differs from its task's rendering of results.json")
             if made[1] != json.loads((folder / "table.json").read_text())["rows"]:
                 problems.append(f"{folder.name}/table.json differs from its task's rows of results.json")
+    return problems
+
+
+def seed_excess(root: Path = ROOT) -> list[str]:
+    """One line per committed task folder holding a seed its task does not run by default (``fedgl bench
+    TASK`` makes seeds 0 to ``seeds`` - 1), so that the command would not make the committed table: raise
+    the task's ``seeds`` with the table (as when ``--seeds N --extend`` added seeds to it)."""
+    from . import all_tasks
+
+    problems = []
+    for path in sorted((root / "benchmarks" / "results").glob("*/results.json")):
+        table = json.loads(path.with_name("table.json").read_text()) if path.with_name("table.json").exists() else None
+        task = all_tasks().get(table.get("task", "")) if isinstance(table, dict) else None
+        runs = [r for r in json.loads(path.read_text()) if isinstance(r, dict) and "seed" in r]
+        if task is not None and runs and (top := max(r["seed"] for r in runs)) >= task.seeds:
+            problems.append(f"{path.parent.name}: seed {top} is committed, and {task.name} runs "
+                            f"seeds 0-{task.seeds - 1} (its seeds = {task.seeds})")
     return problems
 
 

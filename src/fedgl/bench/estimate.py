@@ -1,25 +1,16 @@
 """What a task's pending runs will take before any starts (``fedgl bench TASK --plan``): each run's wall
-time estimated from the runs of its variant already listed in the folder's ``results.json`` (a committed
-table, typically at fewer seeds), and the whole as the executor would lay them out over its workers."""
+time estimated from the runs of its variant already listed in the folder's ``results.json`` that computed
+what it will (a committed table, typically at fewer seeds), and the whole as the executor would lay them out
+over its workers."""
 
 from __future__ import annotations
 
 import heapq
 import statistics
-from typing import Any
 
 from rich.table import Table
 
 from .executor import RunJob
-
-
-def estimates(jobs: list[RunJob], listed: dict[tuple[str, int], dict[str, Any]]) -> list[float | None]:
-    """Each job's wall seconds: the mean of its variant's listed runs (None where it has none)."""
-    walls: dict[str, list[float]] = {}
-    for (variant, _), row in listed.items():
-        if isinstance(row.get("wall_time_s"), (int, float)):
-            walls.setdefault(variant, []).append(float(row["wall_time_s"]))
-    return [statistics.mean(walls[job.variant]) if job.variant in walls else None for job in jobs]
 
 
 def makespan(seconds: list[float], workers: int) -> float:
@@ -31,10 +22,11 @@ def makespan(seconds: list[float], workers: int) -> float:
     return max(free)
 
 
-def plan_table(name: str, jobs: list[RunJob], reused: int, listed: dict[tuple[str, int], dict[str, Any]],
+def plan_table(name: str, jobs: list[RunJob], walls: list[list[float]], reused: int,
                workers: int) -> tuple[Table, str]:
-    """The runs to make with their estimates, and a line summing them up."""
-    guesses = estimates(jobs, listed)
+    """The runs to make, each estimated as the mean of the wall seconds ``walls`` gives it (none: unknown),
+    and a line summing them up."""
+    guesses = [statistics.mean(w) if w else None for w in walls]
     table = Table(title=f"{name}: {len(jobs)} runs to make, {reused} reused")
     table.add_column("run")
     table.add_column("estimate (min)", justify="right")
@@ -44,8 +36,8 @@ def plan_table(name: str, jobs: list[RunJob], reused: int, listed: dict[tuple[st
     if not jobs:
         return table, f"{name}: nothing to run"
     if not known:
-        return table, f"{name}: no listed run of these variants to estimate from (results.json)"
+        return table, f"{name}: no run in results.json computed what these will, to estimate them from"
     unknown = f"; {len(jobs) - len(known)} runs without an estimate left out" if len(known) < len(jobs) else ""
     return table, (f"{name}: about {sum(known) / 60:.0f} minutes of runs, about {makespan(known, workers) / 60:.0f} "
-                   f"minutes of wall time with {workers} at once (each estimate is the mean wall time of its "
-                   f"variant's runs in results.json, on whatever machine and load they had){unknown}")
+                   f"minutes of wall time with {workers} at once (each estimate is the mean wall time of the runs in "
+                   f"results.json of its config at other seeds, on whatever machine and load they had){unknown}")

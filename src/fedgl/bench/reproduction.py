@@ -96,12 +96,15 @@ def verdict(diff: float, std: float, tol: float, why: str) -> str:
 
 
 def claim_verdict(diff: float, std: float, tol: float, why: str) -> str:
-    """A headline measure, an effect the paper claims (one method ahead of another, a saving): reproduced only
-    within the tolerance; a difference that only the band of 2 x its paired std covers is inconclusive, since
-    seeds that spread that much show neither the claimed effect nor its absence."""
-    if abs(diff) <= tol + 1e-9:
+    """A headline measure, an effect the paper claims (one method ahead of another, a saving): reproduced
+    within the tolerance by seeds whose std is within it too; differs beyond both the tolerance and the band
+    of 2 x std; inconclusive between, since seeds that spread more than the tolerance show neither the
+    claimed effect nor its absence."""
+    if abs(diff) > max(tol, 2 * std) + 1e-9:
+        return f"differs ([why]({why}))"
+    if abs(diff) <= tol + 1e-9 and std <= tol + 1e-9:
         return REPRODUCED
-    return f"{INCONCLUSIVE} ([why]({why}))" if abs(diff) <= 2 * std + 1e-9 else f"differs ([why]({why}))"
+    return f"{INCONCLUSIVE} ([why]({why}))"
 
 
 class Report:
@@ -156,16 +159,18 @@ class Report:
             self.results[folder] = json.loads(path.read_text()) if path.exists() else []
         return {r["seed"]: r for r in self.results.get(folder, []) if r["variant"] == label}
 
-    def paired(self, expr: str) -> list[float]:
-        """``expr`` seed by seed, over the seeds every result it reads was run with (runs of one seed share
-        their partition, so a difference of methods is paired); empty below two such seeds or where it reads
-        something without runs (a std, an extra table)."""
+    def paired(self, expr: str) -> tuple[list[float], int]:
+        """``expr`` seed by seed where every result it reads was run with the same two or more seeds (runs of
+        one seed share their partition, so a difference of methods is paired), and how many results it
+        reads; no values where the seeds differ or it reads something without runs (a std, an extra table)."""
         refs = [(m["folder"].strip(), m["variant"].strip(), m["column"].strip()) for m in REF.finditer(expr)]
         ours = [(name, label, column) for name, label, column in refs if not column.endswith(" (paper)")]
         if not ours or any(name.endswith(".md") or column.endswith(" std") for name, _, column in ours):
-            return []
+            return [], 0
         runs = {(name, label): self.runs(name, label) for name, label, _ in ours}
-        seeds = sorted(set.intersection(*(set(by_seed) for by_seed in runs.values())))
+        seeds = {frozenset(by_seed) for by_seed in runs.values()}
+        if len(seeds) != 1 or len(next(iter(seeds))) < 2:
+            return [], len(runs)
 
         def at(seed: int) -> float:
             def resolve(root: Path, name: str, label: str, column: str) -> float:
@@ -178,9 +183,9 @@ class Report:
             return evaluate(self.root, expr, resolve)
 
         try:
-            return [at(seed) for seed in seeds] if len(seeds) > 1 else []
-        except Missing:
-            return []
+            return [at(seed) for seed in sorted(next(iter(seeds)))], len(runs)
+        except (Missing, ZeroDivisionError):  # a seed without the column, or a ratio over a zero
+            return [], len(runs)
 
     def task_rows(self, item: Item) -> list[list[str]]:
         rows = []
@@ -224,13 +229,15 @@ class Report:
                 verdict(diff, std, tolerance(task, column, paper), why)]
 
     def measure_row(self, measure: Measure, why: str) -> list[str]:
-        """A headline measure: its value from the committed means, its band the spread of the measure taken
-        seed by seed (``paired``)."""
+        """A headline measure: where its results share their seeds, the measure taken seed by seed (``paired``),
+        its mean and std; else its value from the committed means, without a spread."""
         ours, paper = self.value(measure.fedgl), self.value(measure.paper)
         unit = f" {measure.unit}" if measure.unit else ""
-        series = self.paired(measure.fedgl) if ours is not None else []
+        series, reads = self.paired(measure.fedgl) if ours is not None else ([], 0)
         std = statistics.stdev(series) if series else 0.0
-        band = f" ± {std:.2f}{unit} ({len(series)} seeds, paired)" if series else unit
+        if series:
+            ours = statistics.mean(series)
+        band = f" ± {std:.2f}{unit} ({len(series)} seeds{', paired' if reads > 1 else ''})" if series else unit
         cells = [measure.label, "" if paper is None else f"{paper:.2f}{unit}",
                  NOT_RUN if ours is None else f"{ours:.2f}{band}"]
         if ours is None or paper is None:
@@ -292,11 +299,13 @@ call almost any paper number reproduced.
 that are not available offline here ({', '.join(sorted(NOT_OFFLINE))}); *{NO_PAPER}* marks a figure's curves,
 which carry no printed number, and fedgl's rows beside them; *{STALE}* marks a committed result whose task
 definition has changed since it ran (its `table.md` is no longer what the task renders; a re-run replaces it). A
-headline claim's measures are differences or ratios of those cells, the paper's beside fedgl's; where every result a
-measure reads was run with the same seeds, its ± is the standard deviation of the measure taken seed by seed (runs
-of one seed share their partition, so a difference between methods is paired). A measure is an effect the paper
-claims, so it is *{REPRODUCED}* only within the tolerance, and *{INCONCLUSIVE.split(":")[0]}* where only its band
-(2 × that std) covers the paper's number: such seeds show neither the effect nor its absence."""
+headline claim's measures are differences or ratios of those cells, the paper's beside fedgl's. Where every result a
+measure reads was run with the same seeds, fedgl's value is the measure taken seed by seed (runs of one seed share
+their partition, so a difference between methods is paired), as mean ± standard deviation over the seeds; else
+it is the measure of the means, without a spread. A measure is an effect the paper claims, so it is
+*{REPRODUCED}* only within the tolerance and with a seed standard deviation within it too, *differs* beyond both the
+tolerance and 2 × that std, and is *{INCONCLUSIVE.split(":")[0]}* between: seeds that spread more than the
+tolerance show neither the effect nor its absence."""
 
 
 def render(root: Path = ROOT) -> str:
