@@ -279,7 +279,8 @@ def _bench_parser(sub) -> None:
                    "where they computed what the task asks, and run only the others, e.g. more seeds")
     b.add_argument("--plan", action="store_true",
                    help="run nothing: list the runs the other options would make, each with its wall time "
-                   "estimated from its variant's runs in results.json, and the total over --jobs")
+                   "estimated from the runs in results.json that computed the same at other seeds, and the total "
+                   "over --jobs")
     b.set_defaults(func=_bench)
 
 
