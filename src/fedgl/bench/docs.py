@@ -185,13 +185,18 @@ def _read_summary(path: Path, version: tuple[int, int]) -> dict[str, dict[str, d
     return {"summary": row(json.loads(path.read_text())), **{f"round {r['round']}": row(r) for r in rounds}}
 
 
+def _runs(root: Path, folder: str, variant: str) -> list[dict]:
+    """The runs of ``variant`` in the ``results.json`` of ``folder``."""
+    runs = json.loads((root / "benchmarks" / "results" / folder / "results.json").read_text())
+    return [r for r in runs if r["variant"] == variant]
+
+
 def _seed_value(root: Path, folder: str, variant: str, column: str, seed: int) -> float:
     """One run's ``column`` (``results.json`` of ``folder``) in the units of the task's table."""
     from . import all_tasks
     from .core import display_scale
 
-    runs = json.loads((root / "benchmarks" / "results" / folder / "results.json").read_text())
-    run = next((r for r in runs if r["variant"] == variant and r["seed"] == seed), None)
+    run = next((r for r in _runs(root, folder, variant) if r["seed"] == seed), None)
     if run is None or run.get(column) is None:
         raise ValueError(f"{folder} has no run of {variant!r} with seed {seed} and a {column!r}")
     task = all_tasks().get(json.loads((root / "benchmarks" / "results" / folder / "table.json").read_text())["task"])
@@ -200,8 +205,7 @@ def _seed_value(root: Path, folder: str, variant: str, column: str, seed: int) -
 
 def _seed_count(root: Path, folder: str, variant: str) -> int:
     """How many seeds of ``variant`` the ``results.json`` of ``folder`` holds."""
-    runs = json.loads((root / "benchmarks" / "results" / folder / "results.json").read_text())
-    count = len({r["seed"] for r in runs if r["variant"] == variant})
+    count = len({r["seed"] for r in _runs(root, folder, variant)})
     if not count:
         raise ValueError(f"{folder} has no run of {variant!r}")
     return count
@@ -414,7 +418,8 @@ def seed_excess(root: Path = ROOT) -> list[str]:
 
     problems = []
     for path in sorted((root / "benchmarks" / "results").glob("*/results.json")):
-        table = json.loads(path.with_name("table.json").read_text()) if path.with_name("table.json").exists() else None
+        table_file = path.with_name("table.json")
+        table = json.loads(table_file.read_text()) if table_file.exists() else None
         task = all_tasks().get(table.get("task", "")) if isinstance(table, dict) else None
         runs = [r for r in json.loads(path.read_text()) if isinstance(r, dict) and "seed" in r]
         if task is not None and runs and (top := max(r["seed"] for r in runs)) >= task.seeds:
