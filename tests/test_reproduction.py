@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from fedgl.bench import docs, reproduction
-from fedgl.bench.papers import PAPERS
+from fedgl.bench.papers import PAPERS, Measure
 
 PAPERS_DIR = Path(os.environ.get("FEDGL_PAPERS", "/work/shared/papers"))
 
@@ -52,6 +53,23 @@ def test_verdict_rule() -> None:
     assert reproduction.claim_verdict(-1.53, 0.31, 1.0, "x.md") == "differs ([why](x.md))"
     # within the tolerance, but by seeds that spread more than it: they show nothing either way
     assert reproduction.claim_verdict(0.4, 3.0, 1.0, "x.md") == f"{reproduction.INCONCLUSIVE} ([why](x.md))"
+    # a claimed lead that fedgl's mean does not show is not reproduced by a tolerance wider than the lead
+    assert reproduction.claim_verdict(-0.84, 0.5, 1.0, "x.md", behind=True) == \
+        f"{reproduction.NOT_AHEAD} ([why](x.md))"
+
+
+def test_a_claimed_lead_needs_fedgl_ahead(tmp_path: Path, monkeypatch) -> None:
+    """FedAAS 0.5 points ahead in the paper and 0.3 behind in fedgl is within a 1-point tolerance, but the
+    lead is the claim: only a measure that states no lead (a level, as GLASU against centralized) passes."""
+    report = reproduction.Report(tmp_path)
+    values = {"[t|a|c] - [t|b|c]": -0.3, "[t|a|c (paper)] - [t|b|c (paper)]": 0.5}
+    monkeypatch.setattr(report, "value", values.get)
+    monkeypatch.setattr(report, "paired", lambda expr: ([-0.8, -0.3, 0.2], 2))
+    lead = Measure("a minus b", *values, "points", lead=True)
+    assert report.measure_row(lead, "x.md")[-1] == f"{reproduction.NOT_AHEAD} ([why](x.md))"
+    assert report.measure_row(replace(lead, lead=False), "x.md")[-1] == "reproduced"
+    monkeypatch.setattr(report, "paired", lambda expr: ([0.1, 0.3, 0.5], 2))
+    assert report.measure_row(lead, "x.md")[-1] == "reproduced"
 
 
 def test_a_result_committed_later_fills_its_rows(tmp_path: Path) -> None:

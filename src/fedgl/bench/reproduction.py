@@ -28,6 +28,7 @@ POINTS = 1.0  # tolerance in percentage points (accuracy, F1, AUC and other % co
 RELATIVE = 0.05  # tolerance as a share of the paper's number (every other column)
 REPRODUCED, NOT_RUN, NO_PAPER = "reproduced", "not run yet", "no paper number"
 INCONCLUSIVE = "inconclusive: the seeds spread too widely"
+NOT_AHEAD = "inconclusive: within the tolerance, but not ahead"
 WIDEST = 5.0  # a seed band (2 x std) wider than this many tolerances decides nothing beyond the tolerance
 STALE = "stale: the task changed since this run"
 OFFLINE = "cannot run here: dataset not offline"
@@ -95,15 +96,16 @@ def verdict(diff: float, std: float, tol: float, why: str) -> str:
     return REPRODUCED if 2 * std <= WIDEST * tol + 1e-9 else f"{INCONCLUSIVE} ([why]({why}))"
 
 
-def claim_verdict(diff: float, std: float, tol: float, why: str) -> str:
+def claim_verdict(diff: float, std: float, tol: float, why: str, behind: bool = False) -> str:
     """A headline measure, an effect the paper claims (one method ahead of another, a saving): reproduced
     within the tolerance by seeds whose std is within it too; differs beyond both the tolerance and the band
     of 2 x std; inconclusive between, since seeds that spread more than the tolerance show neither the
-    claimed effect nor its absence."""
+    claimed effect nor its absence. A claimed lead that fedgl's mean does not show (``behind``) is not
+    reproduced by a tolerance wider than the lead itself: inconclusive."""
     if abs(diff) > max(tol, 2 * std) + 1e-9:
         return f"differs ([why]({why}))"
     if abs(diff) <= tol + 1e-9 and std <= tol + 1e-9:
-        return REPRODUCED
+        return f"{NOT_AHEAD} ([why]({why}))" if behind else REPRODUCED
     return f"{INCONCLUSIVE} ([why]({why}))"
 
 
@@ -243,7 +245,8 @@ class Report:
         if ours is None or paper is None:
             return [*cells, "", NOT_RUN if ours is None else NO_PAPER]
         tol = RELATIVE * abs(paper) if measure.unit == "x" else POINTS
-        return [*cells, f"{ours - paper:+.2f}", claim_verdict(ours - paper, std, tol, why)]
+        behind = measure.lead and paper > 0 and ours <= 0
+        return [*cells, f"{ours - paper:+.2f}", claim_verdict(ours - paper, std, tol, why, behind)]
 
 
 VERDICTS = (REPRODUCED, "differs", INCONCLUSIVE.split(":")[0], NOT_RUN, OFFLINE, NO_PAPER, STALE.split(":")[0])
@@ -305,7 +308,9 @@ their partition, so a difference between methods is paired), as mean ± standard
 it is the measure of the means, without a spread. A measure is an effect the paper claims, so it is
 *{REPRODUCED}* only within the tolerance and with a seed standard deviation within it too, *differs* beyond both the
 tolerance and 2 × that std, and is *{INCONCLUSIVE.split(":")[0]}* between: seeds that spread more than the
-tolerance show neither the effect nor its absence."""
+tolerance show neither the effect nor its absence. A claimed lead (one method ahead of the others) smaller than the
+tolerance is not reproduced by a fedgl mean that is not ahead, however close to the paper's number: that row reads
+*{NOT_AHEAD}*."""
 
 
 def render(root: Path = ROOT) -> str:
