@@ -257,13 +257,13 @@ def schedule_columns(summary: dict[str, Any]) -> dict[str, Any]:
 
 def sweep(name: str, dataset: str, description: str, key: str, values: list[Any], label: str,
           fixed: dict[str, Any] | None = None, schedule: bool = False) -> BenchTask:
-    """One variant per value of ``key``; ``schedule`` adds ``schedule_columns`` to the table."""
+    """One variant per value of ``key``, 3 seeds; ``schedule`` adds ``schedule_columns`` to the table."""
     def finish(folder: Path) -> None:
         curves(folder)
         sweep_plot(folder, label)
 
     task = study(name, dataset, description, [Variant(f"{label} {v}", {**(fixed or {}), key: v}) for v in values],
-                 finish)
+                 finish, seeds=3)
     if schedule:
         task.columns = [*task.columns, "mean_tau", "cross_edges"]
         task.derive, task.formats = schedule_columns, {"mean_tau": ".2f", "cross_edges": ",.0f"}
