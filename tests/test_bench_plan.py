@@ -44,6 +44,20 @@ def test_a_plan_estimates_the_new_seeds_from_the_committed_runs_and_runs_nothing
     # another config (here another learning rate) is not estimated from runs that computed something else
     run_task(_task(), out, seeds=3, extend=True, overrides={"train.lr": 0.02}, plan=True)
     assert "no run in results.json computed what these will" in " ".join(capsys.readouterr().out.split())
+    # nor is a run ten times as long estimated from a shorter one (rounds are not part of a config's hash)
+    run_task(_task(), out, seeds=3, extend=True, overrides={"train.rounds": 20}, plan=True)
+    assert "no run in results.json computed what these will" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_shorter_run_estimates_only_a_run_that_stops_at_the_same_target() -> None:
+    from fedgl.bench.core import as_long, variant_config
+    task = _task()
+    plain = variant_config(task, task.variants[0], 0, {"train.rounds": 10})
+    stops = variant_config(task, task.variants[0], 0, {"train.rounds": 10, "eval.target_val_accuracy": 0.5,
+                                                       "eval.stop_at_target": True})
+    reached, short = {"rounds": 4, "round_at_target": 4}, {"rounds": 4, "round_at_target": None}
+    assert as_long({"rounds": 10}, plain) and not as_long(reached, plain)
+    assert as_long(reached, stops) and not as_long(short, stops) and not as_long({"rounds": 12}, stops)
 
 
 def test_a_plan_writes_nothing(tmp_path) -> None:

@@ -64,12 +64,15 @@ def test_a_claimed_lead_needs_fedgl_ahead(tmp_path: Path, monkeypatch) -> None:
     report = reproduction.Report(tmp_path)
     values = {"[t|a|c] - [t|b|c]": -0.3, "[t|a|c (paper)] - [t|b|c (paper)]": 0.5}
     monkeypatch.setattr(report, "value", values.get)
-    monkeypatch.setattr(report, "paired", lambda expr: ([-0.8, -0.3, 0.2], 2))
+    monkeypatch.setattr(report, "paired", lambda expr: (-0.3, [-0.8, -0.3, 0.2], 2))
     lead = Measure("a minus b", *values, "points", lead=True)
     assert report.measure_row(lead, "x.md")[-1] == f"{reproduction.NOT_AHEAD} ([why](x.md))"
     assert report.measure_row(replace(lead, lead=False), "x.md")[-1] == "reproduced"
-    monkeypatch.setattr(report, "paired", lambda expr: ([0.1, 0.3, 0.5], 2))
+    monkeypatch.setattr(report, "paired", lambda expr: (0.3, [0.1, 0.3, 0.5], 2))
     assert report.measure_row(lead, "x.md")[-1] == "reproduced"
+    # one seed shows no spread: within the tolerance it cannot be called reproduced either
+    monkeypatch.setattr(report, "paired", lambda expr: (0.3, [0.3], 2))
+    assert report.measure_row(lead, "x.md")[-1] == f"{reproduction.NO_SPREAD} ([why](x.md))"
 
 
 def test_a_result_committed_later_fills_its_rows(tmp_path: Path) -> None:
@@ -122,17 +125,20 @@ def test_a_result_made_before_its_task_changed_is_stale(tmp_path: Path) -> None:
     assert rows and all(line.endswith(f"| {reproduction.STALE} |") for line in rows)
 
 
-def _table2_cora(root: Path, accuracy: dict[str, dict[int, float]]) -> None:
-    """glasu-table2-cora committed with the given test accuracy of each variant at each seed."""
-    folder = root / "benchmarks" / "results" / "glasu-table2-cora"
+def _committed(root: Path, task: str, column: str, accuracy: dict[str, dict[int, float]]) -> None:
+    """``task`` committed with the given ``column`` of each variant at each seed."""
+    folder = root / "benchmarks" / "results" / task
     folder.mkdir(parents=True, exist_ok=True)
-    runs = [{"variant": v, "seed": s, "test_accuracy": a}
-            for v, by_seed in accuracy.items() for s, a in by_seed.items()]
+    runs = [{"variant": v, "seed": s, column: a} for v, by_seed in accuracy.items() for s, a in by_seed.items()]
     folder.joinpath("results.json").write_text(json.dumps(runs))
-    folder.joinpath("table.json").write_text(json.dumps({"task": "glasu-table2-cora", "seeds": 5, "rows": []}))
+    folder.joinpath("table.json").write_text(json.dumps({"task": task, "seeds": 5, "rows": []}))
     markdown, rows = docs.regenerated(folder)
     folder.joinpath("table.md").write_text(markdown)
-    folder.joinpath("table.json").write_text(json.dumps({"task": "glasu-table2-cora", "seeds": 5, "rows": rows}))
+    folder.joinpath("table.json").write_text(json.dumps({"task": task, "seeds": 5, "rows": rows}))
+
+
+def _table2_cora(root: Path, accuracy: dict[str, dict[int, float]]) -> None:
+    _committed(root, "glasu-table2-cora", "test_accuracy", accuracy)
 
 
 def test_a_headline_difference_carries_the_spread_of_its_seeds_paired(tmp_path: Path) -> None:
@@ -158,6 +164,23 @@ def test_a_headline_difference_carries_the_spread_of_its_seeds_paired(tmp_path: 
     # differences -2, +2, -6: 1.40 beyond the paper's number, inside the band of 2 x 4.00
     assert row({0: 0.83, 1: 0.86, 2: 0.80}).startswith(f"| {label} | -2.00 ± 4.00 points (3 seeds, paired) | -1.40 | "
                                                       "inconclusive")
-    # seed 3 has no centralized run: the means (84.00 against 85.00), without a spread
-    assert row({0: 0.83, 1: 0.85, 2: 0.82, 3: 0.86}) == f"| {label} | -1.00 points | -0.40 | reproduced |"
-    assert row({0: 0.83}, {0: 0.85}).startswith(f"| {label} | -2.00 points | -1.40 | differs")
+    # seed 3 has no centralized run: paired over seeds 0-2 (differences -2, +1, -4)
+    assert row({0: 0.83, 1: 0.85, 2: 0.82, 3: 0.86}).startswith(
+        f"| {label} | -1.67 ± 2.52 points (3 seeds, paired) | -1.07 | inconclusive")
+    assert row({0: 0.83}, {0: 0.85}).startswith(f"| {label} | -2.00 points (1 seed, paired) | -1.40 | differs")
+    assert row({0: 0.84}, {0: 0.85}).startswith(f"| {label} | -1.00 points (1 seed, paired) | -0.40 | "
+                                                f"{reproduction.NO_SPREAD}")
+    # no seed in common: the difference of the means, without a spread
+    assert row({1: 0.84}, {0: 0.85}).startswith(f"| {label} | -1.00 points | -0.40 | {reproduction.NO_SPREAD}")
+
+
+def test_minus_the_best_baseline_pairs_with_the_baseline_best_on_the_means(tmp_path: Path) -> None:
+    """Each of two baselines beats FedAAS at one seed; the best of each seed would put FedAAS 0.13 behind,
+    while FedAAS is 0.13 ahead of either on the means, as the paper's lead of 0.13 is read off its table."""
+    label = "FedAAS minus the best baseline, final test accuracy, physics non-iid"
+    _committed(tmp_path, "fedaas-table2-physics", "final_test_accuracy", {
+        "FedAAS non-iid": {0: 0.934, 1: 0.934, 2: 0.934}, "FedCross non-iid": {0: 0.938, 1: 0.930, 2: 0.930},
+        "GraphFed (recon.) non-iid": {0: 0.930, 1: 0.938, 2: 0.930}, "FedPNS non-iid": {0: 0.9, 1: 0.9, 2: 0.9},
+        "FedGraph (recon.) non-iid": {0: 0.9, 1: 0.9, 2: 0.9}})
+    row = next(line for line in reproduction.render(tmp_path).splitlines() if line.startswith(f"| {label}"))
+    assert "| 0.13 ± 0.46 points (3 seeds, paired) |" in row and row.endswith("| reproduced |")

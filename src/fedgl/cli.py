@@ -279,7 +279,7 @@ def _bench_parser(sub) -> None:
                    "where they computed what the task asks, and run only the others, e.g. more seeds")
     b.add_argument("--plan", action="store_true",
                    help="run nothing: list the runs the other options would make, each with its wall time "
-                   "estimated from the runs in results.json that computed the same at other seeds, and the total "
+                   "estimated from the runs in results.json that computed the same for as long, and the total "
                    "over --jobs")
     b.set_defaults(func=_bench)
 

@@ -308,11 +308,21 @@ def _plan(task: BenchTask, todo: list[RunJob], total: int, extra: dict[str, Any]
     variants = {v.label: v for v in task.variants}
     walls = [[float(row["wall_time_s"]) for (label, seed), row in committed_summaries(out).items()
               if label == job.variant and isinstance(row.get("wall_time_s"), (int, float))
-              and row.get("rounds", 0) <= job.cfg.train.rounds
-              and same_computation(row, variant_config(task, variants[label], seed, extra))] for job in todo]
+              and as_long(row, job.cfg) and same_computation(row, variant_config(task, variants[label], seed, extra))]
+             for job in todo]
     table, line = plan_table(task.name, todo, walls, total - len(todo), workers)
     console.print(table, line)
     return {"task": task.name, "to_run": [job.name for job in todo]}
+
+
+def as_long(row: dict[str, Any], cfg: RunConfig) -> bool:
+    """Whether ``row`` ran as long as ``cfg`` will: its rounds, or fewer where both stop at their target and it
+    was reached (a shorter run of a longer config is no estimate of it)."""
+    rounds = row.get("rounds")
+    if rounds == cfg.train.rounds:
+        return True
+    stopped = cfg.eval.stop_at_target and row.get("round_at_target") is not None
+    return stopped and isinstance(rounds, int) and rounds < cfg.train.rounds
 
 
 def _reused(task: BenchTask, planned: list[RunJob], listed: dict[tuple[str, int], dict[str, Any]],

@@ -224,12 +224,13 @@ def ref_value(root: Path, folder: str, variant: str, column: str) -> float:
     except FileNotFoundError:
         name = "perf.json" if folder == "perf" else folder if folder.endswith(".md") else f"{folder}/table.json"
         raise ValueError(f"benchmarks/results/{name} is not committed") from None
-    if column == "seeds":
+    runs = not (folder == "perf" or folder.endswith(".md"))  # an extra table's "seeds" is a column of its own
+    seed = re.fullmatch(r"(?P<name>.+) seed (?P<seed>\d+)", column) if runs else None
+    if column == "seeds" and runs:
         try:
             return float(_seed_count(root, folder, variant))
         except FileNotFoundError:
             raise ValueError(f"benchmarks/results/{folder}/results.json is not committed") from None
-    seed = re.fullmatch(r"(?P<name>.+) seed (?P<seed>\d+)", column)
     if seed:
         try:
             return _seed_value(root, folder, variant, seed["name"], int(seed["seed"]))

@@ -40,4 +40,4 @@ def plan_table(name: str, jobs: list[RunJob], walls: list[list[float]], reused: 
     unknown = f"; {len(jobs) - len(known)} runs without an estimate left out" if len(known) < len(jobs) else ""
     return table, (f"{name}: about {sum(known) / 60:.0f} minutes of runs, about {makespan(known, workers) / 60:.0f} "
                    f"minutes of wall time with {workers} at once (each estimate is the mean wall time of the runs in "
-                   f"results.json of its config at other seeds, on whatever machine and load they had){unknown}")
+                   f"results.json of the same computation, on whatever machine and load they had){unknown}")

@@ -29,6 +29,7 @@ RELATIVE = 0.05  # tolerance as a share of the paper's number (every other colum
 REPRODUCED, NOT_RUN, NO_PAPER = "reproduced", "not run yet", "no paper number"
 INCONCLUSIVE = "inconclusive: the seeds spread too widely"
 NOT_AHEAD = "inconclusive: within the tolerance, but not ahead"
+NO_SPREAD = "inconclusive: within the tolerance, with no spread over seeds to judge by"
 WIDEST = 5.0  # a seed band (2 x std) wider than this many tolerances decides nothing beyond the tolerance
 STALE = "stale: the task changed since this run"
 OFFLINE = "cannot run here: dataset not offline"
@@ -96,14 +97,17 @@ def verdict(diff: float, std: float, tol: float, why: str) -> str:
     return REPRODUCED if 2 * std <= WIDEST * tol + 1e-9 else f"{INCONCLUSIVE} ([why]({why}))"
 
 
-def claim_verdict(diff: float, std: float, tol: float, why: str, behind: bool = False) -> str:
+def claim_verdict(diff: float, std: float | None, tol: float, why: str, behind: bool = False) -> str:
     """A headline measure, an effect the paper claims (one method ahead of another, a saving): reproduced
     within the tolerance by seeds whose std is within it too; differs beyond both the tolerance and the band
     of 2 x std; inconclusive between, since seeds that spread more than the tolerance show neither the
-    claimed effect nor its absence. A claimed lead that fedgl's mean does not show (``behind``) is not
-    reproduced by a tolerance wider than the lead itself: inconclusive."""
-    if abs(diff) > max(tol, 2 * std) + 1e-9:
+    claimed effect nor its absence, and within the tolerance where no spread is known (one seed, or an extra
+    table's means). A claimed lead that fedgl's value does not show (``behind``) is not reproduced by a
+    tolerance wider than the lead itself: inconclusive."""
+    if abs(diff) > max(tol, 2 * (std or 0.0)) + 1e-9:
         return f"differs ([why]({why}))"
+    if abs(diff) <= tol + 1e-9 and std is None:
+        return f"{NO_SPREAD} ([why]({why}))"
     if abs(diff) <= tol + 1e-9 and std <= tol + 1e-9:
         return f"{NOT_AHEAD} ([why]({why}))" if behind else REPRODUCED
     return f"{INCONCLUSIVE} ([why]({why}))"
@@ -161,33 +165,32 @@ class Report:
             self.results[folder] = json.loads(path.read_text()) if path.exists() else []
         return {r["seed"]: r for r in self.results.get(folder, []) if r["variant"] == label}
 
-    def paired(self, expr: str) -> tuple[list[float], int]:
-        """``expr`` seed by seed where every result it reads was run with the same two or more seeds (runs of
-        one seed share their partition, so a difference of methods is paired), and how many results it
-        reads; no values where the seeds differ or it reads something without runs (a std, an extra table)."""
+    def paired(self, expr: str) -> tuple[float | None, list[float], int]:
+        """``expr`` over the seeds every result it reads was run with (runs of one seed share their partition,
+        so a difference of methods is paired): its value on the results' means over those seeds, its value
+        seed by seed, and how many results it reads; no values where they share no seed or it reads
+        something without runs (a std, an extra table)."""
         refs = [(m["folder"].strip(), m["variant"].strip(), m["column"].strip()) for m in REF.finditer(expr)]
         ours = [(name, label, column) for name, label, column in refs if not column.endswith(" (paper)")]
         if not ours or any(name.endswith(".md") or column.endswith(" std") for name, _, column in ours):
-            return [], 0
+            return None, [], 0
         runs = {(name, label): self.runs(name, label) for name, label, _ in ours}
-        seeds = {frozenset(by_seed) for by_seed in runs.values()}
-        if len(seeds) != 1 or len(next(iter(seeds))) < 2:
-            return [], len(runs)
+        shared = sorted(set.intersection(*(set(by_seed) for by_seed in runs.values())))
 
-        def at(seed: int) -> float:
+        def at(seeds: list[int]) -> float:
             def resolve(root: Path, name: str, label: str, column: str) -> float:
                 if column.endswith(" (paper)"):
                     return self.resolve(root, name, label, column)
-                value = runs[(name, label)][seed].get(column)
-                if value is None:
-                    raise Missing(f"{name}: {label} seed {seed} has no {column}")
-                return value * display_scale(column, self.task(name).formats.get(column))
+                values = [runs[(name, label)][seed].get(column) for seed in seeds]
+                if None in values:
+                    raise Missing(f"{name}: {label} has a seed without {column}")
+                return statistics.mean(values) * display_scale(column, self.task(name).formats.get(column))
             return evaluate(self.root, expr, resolve)
 
         try:
-            return [at(seed) for seed in sorted(next(iter(seeds)))], len(runs)
+            return (at(shared), [at([seed]) for seed in shared], len(runs)) if shared else (None, [], len(runs))
         except (Missing, ZeroDivisionError):  # a seed without the column, or a ratio over a zero
-            return [], len(runs)
+            return None, [], len(runs)
 
     def task_rows(self, item: Item) -> list[list[str]]:
         rows = []
@@ -230,16 +233,27 @@ class Report:
         return [source, variant.label, column, shown, ours, _fmt(diff, spec, sign=True),
                 verdict(diff, std, tolerance(task, column, paper), why)]
 
+    def measured(self, measure: Measure) -> str | None:
+        """fedgl's expression of ``measure``: against rivals, its method minus the rival best on the committed
+        means, the same rival at every seed (None while one of them is not committed)."""
+        if not measure.rivals:
+            return measure.fedgl
+        means = {rival: self.value(rival) for rival in measure.rivals}
+        if None in means.values():
+            return None
+        return f"{measure.fedgl} - {max(means, key=means.get)}"
+
     def measure_row(self, measure: Measure, why: str) -> list[str]:
-        """A headline measure: where its results share their seeds, the measure taken seed by seed (``paired``),
-        its mean and std; else its value from the committed means, without a spread."""
-        ours, paper = self.value(measure.fedgl), self.value(measure.paper)
+        """A headline measure over the seeds its results share (``paired``): its value on their means, its spread
+        the std of its values seed by seed; from the committed means, without a spread, where it reads no runs."""
+        expr, paper = self.measured(measure), self.value(measure.paper)
+        ours, series, reads = self.paired(expr) if expr else (None, [], 0)
+        if ours is None:  # no runs it reads, or none of one seed: the measure of the committed means
+            ours, series = self.value(expr) if expr else None, []
+        std = statistics.stdev(series) if len(series) > 1 else None
         unit = f" {measure.unit}" if measure.unit else ""
-        series, reads = self.paired(measure.fedgl) if ours is not None else ([], 0)
-        std = statistics.stdev(series) if series else 0.0
-        if series:
-            ours = statistics.mean(series)
-        band = f" ± {std:.2f}{unit} ({len(series)} seeds{', paired' if reads > 1 else ''})" if series else unit
+        seeds = f"{len(series)} seed{'s' if len(series) > 1 else ''}{', paired' if reads > 1 else ''}"
+        band = f"{'' if std is None else f' ± {std:.2f}'}{unit}{f' ({seeds})' if series else ''}"
         cells = [measure.label, "" if paper is None else f"{paper:.2f}{unit}",
                  NOT_RUN if ours is None else f"{ours:.2f}{band}"]
         if ours is None or paper is None:
@@ -302,15 +316,18 @@ call almost any paper number reproduced.
 that are not available offline here ({', '.join(sorted(NOT_OFFLINE))}); *{NO_PAPER}* marks a figure's curves,
 which carry no printed number, and fedgl's rows beside them; *{STALE}* marks a committed result whose task
 definition has changed since it ran (its `table.md` is no longer what the task renders; a re-run replaces it). A
-headline claim's measures are differences or ratios of those cells, the paper's beside fedgl's. Where every result a
-measure reads was run with the same seeds, fedgl's value is the measure taken seed by seed (runs of one seed share
-their partition, so a difference between methods is paired), as mean ± standard deviation over the seeds; else
-it is the measure of the means, without a spread. A measure is an effect the paper claims, so it is
-*{REPRODUCED}* only within the tolerance and with a seed standard deviation within it too, *differs* beyond both the
-tolerance and 2 × that std, and is *{INCONCLUSIVE.split(":")[0]}* between: seeds that spread more than the
-tolerance show neither the effect nor its absence. A claimed lead (one method ahead of the others) smaller than the
-tolerance is not reproduced by a fedgl mean that is not ahead, however close to the paper's number: that row reads
-*{NOT_AHEAD}*."""
+headline claim's measures are differences or ratios of those cells, the paper's beside fedgl's. fedgl's value is
+the measure over the seeds every result it reads was run with (runs of one seed share their partition, so a
+difference between methods is paired): the measure of their means over those seeds (a ratio is a ratio of means),
+± the standard deviation of the measure taken seed by seed. "Minus the best baseline" subtracts the baseline best on
+fedgl's means, the same one at every seed, as the paper subtracts the best of its table. A measure reading no runs
+(an extra table) is the measure of the committed means, without a spread. A measure is an effect the paper claims,
+so it is *{REPRODUCED}* only within the tolerance and with a seed standard deviation within it too, *differs*
+beyond both the tolerance and 2 × that std, and is *{INCONCLUSIVE.split(":")[0]}* between: seeds that spread more
+than the tolerance show neither the effect nor its absence, and a measure within the tolerance with no spread known
+(one shared seed, or an extra table) reads *{NO_SPREAD}*. A claimed lead (one method ahead of the others) smaller
+than the tolerance is not reproduced by a fedgl value that is not ahead, however close to the paper's number: that
+row reads *{NOT_AHEAD}*."""
 
 
 def render(root: Path = ROOT) -> str:
