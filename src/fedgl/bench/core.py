@@ -305,11 +305,12 @@ def _plan(task: BenchTask, todo: list[RunJob], total: int, extra: dict[str, Any]
           console: Console) -> dict[str, Any]:
     """``--plan``: print the runs to make, each estimated from the listed runs of its variant that computed
     what it will (another seed of the same config, as long or stopped earlier at a target), and return them."""
-    variants = {v.label: v for v in task.variants}
-    walls = [[float(row["wall_time_s"]) for (label, seed), row in committed_summaries(out).items()
-              if label == job.variant and isinstance(row.get("wall_time_s"), (int, float))
-              and as_long(row, job.cfg) and same_computation(row, variant_config(task, variants[label], seed, extra))]
-             for job in todo]
+    variants = {v.label: v for v in task.variants if any(job.variant == v.label for job in todo)}
+    timed = {(label, seed): row for (label, seed), row in committed_summaries(out).items()
+             if label in variants and isinstance(row.get("wall_time_s"), (int, float))
+             and same_computation(row, variant_config(task, variants[label], seed, extra))}  # each row once
+    walls = [[float(row["wall_time_s"]) for (label, _), row in timed.items()
+              if label == job.variant and as_long(row, job.cfg)] for job in todo]
     table, line = plan_table(task.name, todo, walls, total - len(todo), workers)
     console.print(table, line)
     return {"task": task.name, "to_run": [job.name for job in todo]}
