@@ -224,9 +224,9 @@ def ref_value(root: Path, folder: str, variant: str, column: str) -> float:
     except FileNotFoundError:
         name = "perf.json" if folder == "perf" else folder if folder.endswith(".md") else f"{folder}/table.json"
         raise ValueError(f"benchmarks/results/{name} is not committed") from None
-    runs = not (folder == "perf" or folder.endswith(".md"))  # an extra table's "seeds" is a column of its own
-    seed = re.fullmatch(r"(?P<name>.+) seed (?P<seed>\d+)", column) if runs else None
-    if column == "seeds" and runs:
+    has_runs = not (folder == "perf" or folder.endswith(".md"))  # an extra table's "seeds" is a column of its own
+    seed = re.fullmatch(r"(?P<name>.+) seed (?P<seed>\d+)", column) if has_runs else None
+    if column == "seeds" and has_runs:
         try:
             return float(_seed_count(root, folder, variant))
         except FileNotFoundError:
