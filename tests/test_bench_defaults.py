@@ -31,7 +31,7 @@ def test_a_run_summary_keeps_the_last_rounds_training_loss(tmp_path):
     assert result.summary["final_train_loss"] == last["train_loss"] > 0
 
 
-def test_a_protocol_fills_the_settings_its_defaults_need_and_keeps_given_ones():
+def test_a_protocol_fills_the_settings_its_defaults_need_and_keeps_given_ones(tmp_path):
     """At its defaults LLCG trains the paper's GraphSAGE (the shared GCN is refused) and FedAAS's clients
     hold every node but the test nodes (its server-side interval loss reads those); a given setting is kept, and
     refused in one line where it does not fit."""
@@ -48,9 +48,9 @@ def test_a_protocol_fills_the_settings_its_defaults_need_and_keeps_given_ones():
     assert build_config({"protocol": {"name": "fedaas", "interval_loss": "train"}}).partition.client_nodes == "all"
     given = {"dataset": {"name": "synthetic", "options": {"num_nodes": 120}}, "train": {"rounds": 1}}
     with pytest.raises(ConfigError, match="model.name 'gcn' cannot be split"):
-        Run(build_config({**given, "protocol": {"name": "llcg"}, "model": {"name": "gcn"}}), None)
+        Run(build_config({**given, "protocol": {"name": "llcg"}, "model": {"name": "gcn"}}), tmp_path)
     with pytest.raises(ConfigError, match="interval_loss 'server' needs held-out nodes"):
-        Run(build_config({**given, "protocol": {"name": "fedaas"}, "partition": {"client_nodes": "all"}}), None)
+        Run(build_config({**given, "protocol": {"name": "fedaas"}, "partition": {"client_nodes": "all"}}), tmp_path)
 
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "defaults"

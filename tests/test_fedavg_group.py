@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import tempfile
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -37,7 +39,8 @@ def cfg_for(data_root, model: str, group_size: int | None, fraction: float = 1.0
 
 @functools.lru_cache(maxsize=None)
 def _trained(data_root, model: str, group_size: int | None, fraction: float) -> tuple:
-    job = Run(cfg_for(data_root, model, group_size, fraction), data=load_data(cfg_for(data_root, model, None)))
+    cfg = cfg_for(data_root, model, group_size, fraction)  # trained by hand: the run's folder is never made
+    job = Run(cfg, Path(tempfile.gettempdir()) / "fedgl-unused", data=load_data(cfg_for(data_root, model, None)))
     losses = []
     for r in range(1, ROUNDS + 1):
         job.transport.set_round(r)
@@ -190,9 +193,9 @@ def member_bytes(job, direction: str) -> list[int]:
     ("gcn", {"batch_size": 32}),  # mini-batches: one party per client
     ("gcn", {"client_fraction": 0.5}),  # default under sampling: one party per client, no member ids sent
 ])
-def test_default_falls_back_to_one_party_per_client(data_root, model, protocol):
+def test_default_falls_back_to_one_party_per_client(data_root, model, protocol, tmp_path):
     cfg = cfg_for(data_root, model, None, **{"fraction": 1.0, **protocol})
-    job = Run(cfg, data=load_data(cfg))
+    job = Run(cfg, tmp_path, data=load_data(cfg))
     assert job.protocol.size == 1 and job.transport.parties == [f"client{m}" for m in range(10)]
     job.transport.set_round(1)
     assert torch.isfinite(torch.tensor(job.protocol.train_round(1)["train_loss"]))
@@ -200,10 +203,10 @@ def test_default_falls_back_to_one_party_per_client(data_root, model, protocol):
 
 
 @pytest.mark.parametrize("model, protocol", [("gat", {}), ("sage", {"batch_size": 32})])
-def test_group_size_needs_a_batched_backbone_and_full_batches(data_root, model, protocol):
+def test_group_size_needs_a_batched_backbone_and_full_batches(data_root, model, protocol, tmp_path):
     cfg = cfg_for(data_root, model, 5, **protocol)
     with pytest.raises(ConfigError, match="group_size 5 needs a gcn or sage backbone"):
-        Run(cfg, data=load_data(cfg))
+        Run(cfg, tmp_path, data=load_data(cfg))
 
 
 @pytest.mark.parametrize("width", [7, 64])  # the transposed narrow form, and the plain product
