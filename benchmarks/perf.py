@@ -23,8 +23,8 @@ Groups:
   ``synthetic``: a 1.5M-node graph over 195 clients (FedAvg, Swift; ``--quick`` shrinks it);
 * ``glasu-cs``: a GLASU round on Coauthor CS with 3 clients over a centralized epoch of the same model
   (GLASU with one client: the split model's L layers and classifier head), timed alternately;
-* ``fedgnn-g-physics``: FedGNN-G at batch 256 with 20 random clients on Coauthor Physics, peak memory
-  (skipped by ``--quick``);
+* ``fedgnn-g-physics``: FedGNN-G at batch 256 with 20 random clients on Coauthor Physics, peak memory,
+  and the same iteration's dense feature sums written, added and multiplied alone (skipped by ``--quick``);
 * ``cnfgnn-cs``, ``fedaas-cs``: one CNFGNN round (every node of Coauthor CS a user) and one FedAAS round
   (examples/fedaas-cs.yaml), in seconds and over the plain PyG steps of the same model timed alternately,
   with the bytes of a round each way, and over the same round on the code before the speed work
@@ -325,10 +325,11 @@ def glasu_cs(quick: bool, place: Place = CPU) -> list[Measure]:
 
 
 def fedgnn_g_physics(quick: bool, place: Place = CPU) -> list[Measure]:
-    """FedGNN-G at batch 256 with 20 random clients on Coauthor Physics: seconds per iteration and the
-    process's peak memory. On the CPU the child's address space is capped (``MEMORY_CAP_GIB``) so a run
-    that would exhaust the machine fails with MemoryError instead; CUDA reserves far more address space
-    than it uses, so a GPU pass runs uncapped."""
+    """FedGNN-G at batch 256 with 20 random clients on Coauthor Physics: seconds per iteration, the
+    process's peak memory and (on the CPU) what the paper's dense feature sums alone cost. On the CPU the
+    child's address space is capped (``MEMORY_CAP_GIB``) so a run that would exhaust the machine fails
+    with MemoryError instead; CUDA reserves far more address space than it uses, so a GPU pass runs
+    uncapped."""
     import resource
 
     if quick:
@@ -337,14 +338,33 @@ def fedgnn_g_physics(quick: bool, place: Place = CPU) -> list[Measure]:
     if capped:
         cap = MEMORY_CAP_GIB * 1024**3
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-    out: list[Measure] = []
-    round_timer("fedgnn-g-physics", out, 3)(
-        "fedgnn-g: one iteration, Coauthor Physics, 20 random clients, batch 256",
-        place.config({"name": "fedgnn-g", "batch_size": 256, "fanouts": [15, 10]}, "physics",
-               {"name": "sage", "hidden": 256, "layers": 2}, {"num_clients": 20, "method": "random"}), None,
-        "GraphSAGE 256, fan-outs 15/10, every client crosses every iteration")
+    name = "fedgnn-g: one iteration, Coauthor Physics, 20 random clients, batch 256"
+    try:
+        data = load("physics")
+        run = FedglRun(place.config({"name": "fedgnn-g", "batch_size": 256, "fanouts": [15, 10]}, "physics",
+                                    {"name": "sage", "hidden": 256, "layers": 2},
+                                    {"num_clients": 20, "method": "random"}), data)
+        try:
+            out = [Measure("fedgnn-g-physics", name, seconds_per_call(run.step, 3), "s", None,
+                           "GraphSAGE 256, fan-outs 15/10, every client crosses every iteration")]
+            sums = round_bytes(run, "embedding")
+        finally:
+            run.close()
+    except Exception as err:
+        return [failed("fedgnn-g-physics", name, "s", None, err)]
     out.append(Measure("fedgnn-g-physics", "fedgnn-g on Coauthor Physics: peak memory of the process", peak_mib(),
                        "MiB", "<= 8192", f"address space capped at {MEMORY_CAP_GIB} GiB" if capped else ""))
+    del run  # before the floor, whose storage the peak above leaves out
+    if capped:
+        out.append(Measure("fedgnn-g-physics", "fedgnn-g: writing one iteration's dense feature sums, adding them "
+                           "per target and multiplying them by the first layer", references.dense_sums_floor(
+                               *sums, data.num_features, 256), "s", None,
+                           f"what an iteration cannot go below while owners send sums of {data.num_features:,}-value "
+                           f"feature rows: the last iteration's {sums[0] / 2**30:.2f} GiB of sums up and "
+                           f"{sums[1] / 2**30:.2f} GiB down (ledger, kind embedding, both layers), as "
+                           f"{data.num_features:,}-value rows, written once, added per target once and multiplied by "
+                           "a 256-wide first layer forward and for its weight's gradient, in plain torch; timed after "
+                           "the iterations"))
     return out + gpu_peak(place, "fedgnn-g-physics", "fedgnn-g on Coauthor Physics: peak GPU memory of the process")
 
 
@@ -352,9 +372,10 @@ MEMORY_CAP_GIB = 12
 
 
 # ---- CNFGNN and FedAAS on Coauthor CS ------------------------------------------------------------------
-def round_bytes(run: FedglRun) -> tuple[int, int]:
-    """Bytes of the run's last round up to the server and down from it."""
-    rows = [r for r in run.job.transport.ledger.rows() if r["round"] == run.round and r["kind"] != "eval"]
+def round_bytes(run: FedglRun, kind: str | None = None) -> tuple[int, int]:
+    """Bytes of the run's last round up to the server and down from it (of one ``kind``; None: all but eval)."""
+    rows = [r for r in run.job.transport.ledger.rows() if r["round"] == run.round
+            and (r["kind"] == kind if kind else r["kind"] != "eval")]
     return tuple(sum(r["bytes"] for r in rows if r["direction"] == way) for way in ("up", "down"))
 
 
@@ -390,23 +411,10 @@ def cnfgnn_cs(quick: bool, place: Place = CPU) -> list[Measure]:
         "cnfgnn-cs", place, cfg, data,
         lambda: references.laplacian_gcn_step(g.x, g.dev.edge_index, g.dev.y, g.dev.train_mask, 16, g.classes, 0.0),
         rounds, "GCN 16, every node a user; the reference: the same GCN, one full-graph step"), "<= 0.4")
-    return out + [Measure("cnfgnn-cs", "cnfgnn: writing one round's uploads once and summing them once", upload_floor(
+    return out + [Measure("cnfgnn-cs", "cnfgnn: writing one round's uploads once and summing them once", references.upload_floor(
         data.num_nodes, data.num_features, 16), "s", None,
         "what a round cannot go below while every user sends its whole weight: each 1 GiB message written from one "
         "shared matrix and summed over its users by torch, in storage made once; timed after the rounds")]
-
-
-def upload_floor(users: int, features: int, hidden: int) -> float:
-    """Seconds to fill and sum CNFGNN's uploads of a round (messages of at most 1 GiB: ``message_mb``)."""
-    per_message = max(1, 2**30 // (4 * features * hidden))
-    common = torch.rand(features * hidden)
-    storage = torch.zeros(min(users, per_message), features * hidden)
-    start = time.perf_counter()
-    for first in range(0, users, per_message):
-        rows = storage[: min(per_message, users - first)]
-        rows.copy_(common.expand_as(rows))
-        rows.sum(0)
-    return time.perf_counter() - start
 
 
 def fedaas_cs(quick: bool, place: Place = CPU) -> list[Measure]:

@@ -6,6 +6,7 @@ is on."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Callable
@@ -298,3 +299,38 @@ def attention(g: Graph, split: HorizontalSplit, batches: int = 10, sparse: bool 
             for _ in range(batches):
                 ref.step(k)
     return step
+
+
+# ---- floors: the work a round cannot skip while it sends what the paper sends ---------------------------
+def upload_floor(users: int, features: int, hidden: int) -> float:
+    """Seconds to fill and sum CNFGNN's uploads of a round (messages of at most 1 GiB: ``message_mb``)."""
+    per_message = max(1, 2**30 // (4 * features * hidden))
+    common = torch.rand(features * hidden)
+    storage = torch.zeros(min(users, per_message), features * hidden)
+    start = time.perf_counter()
+    for first in range(0, users, per_message):
+        rows = storage[: min(per_message, users - first)]
+        rows.copy_(common.expand_as(rows))
+        rows.sum(0)
+    return time.perf_counter() - start
+
+
+def dense_sums_floor(up: int, down: int, width: int, hidden: int, messages: int = 20) -> float:
+    """Seconds to write ``up`` bytes of float rows ``width`` wide (in ``messages`` parts), add each row
+    into one of the ``down`` bytes of per-target rows, and multiply those by a ``hidden`` x ``width``
+    layer forward and for its weight's gradient: FedGNN-G's first layer over sums of feature rows."""
+    rows, targets = up // (4 * width), down // (4 * width)
+    generator = torch.Generator().manual_seed(0)
+    target_of = torch.randint(targets, (rows,), generator=generator)
+    weight, grad_out = torch.randn(hidden, width, generator=generator), torch.randn(targets, hidden)
+    part = -(-rows // messages)
+    storage = torch.empty(part, width)
+    start = time.perf_counter()
+    block = torch.zeros(targets, width)
+    for first in range(0, rows, part):
+        sums = storage[: min(part, rows - first)].zero_()
+        sums[:, 0] = 1.0  # an owner's entries, added into its zeroed sums
+        block.index_add_(0, target_of[first:first + part], sums)
+    torch.nn.functional.linear(block, weight)
+    grad_out.t().mm(block)
+    return time.perf_counter() - start

@@ -188,3 +188,21 @@ def test_the_peer_group_splits_rays_gap_into_a_fixed_and_a_per_round_cost(perf, 
     assert found["fedavg cora: whole run on Ray / in-process"] == pytest.approx(3.0)
     assert found["fedavg cora: Ray's fixed cost over in-process (whole 1-round runs)"] == pytest.approx(6.0)
     assert found["fedavg cora: one round on Ray over one in-process"] == pytest.approx(1000 * 2 / 99)
+
+
+def test_fedgnn_gs_floor_reads_the_iterations_embedding_bytes_from_the_ledger(perf):
+    run = perf.FedglRun({"dataset": {"name": "synthetic", "options": {"num_nodes": 400}},
+                         "partition": {"num_clients": 4, "method": "random"}, "threads": 1,
+                         "protocol": {"name": "fedgnn-g", "batch_size": 32, "fanouts": [5, 5]},
+                         "model": {"name": "sage", "hidden": 8}})
+    try:
+        run.step()
+        run.step()
+        rows = [r for r in run.job.transport.ledger.rows() if r["round"] == 2]
+        up, down = perf.round_bytes(run, "embedding")
+        assert up == sum(r["bytes"] for r in rows if r["kind"] == "embedding" and r["direction"] == "up") > 0
+        assert down == sum(r["bytes"] for r in rows if r["kind"] == "embedding" and r["direction"] == "down") > 0
+        assert sum(perf.round_bytes(run)) > up + down  # every kind but eval: the model and gradients too
+    finally:
+        run.close()
+    assert perf.references.dense_sums_floor(up, down, 32, 8) > 0
