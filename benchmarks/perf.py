@@ -411,8 +411,9 @@ def cnfgnn_cs(quick: bool, place: Place = CPU) -> list[Measure]:
         "cnfgnn-cs", place, cfg, data,
         lambda: references.laplacian_gcn_step(g.x, g.dev.edge_index, g.dev.y, g.dev.train_mask, 16, g.classes, 0.0),
         rounds, "GCN 16, every node a user; the reference: the same GCN, one full-graph step"), "<= 0.4")
-    return out + [Measure("cnfgnn-cs", "cnfgnn: writing one round's uploads once and summing them once", references.upload_floor(
-        data.num_nodes, data.num_features, 16), "s", None,
+    floor = references.upload_floor(data.num_nodes, data.num_features, 16)
+    return out + [Measure(
+        "cnfgnn-cs", "cnfgnn: writing one round's uploads once and summing them once", floor, "s", None,
         "what a round cannot go below while every user sends its whole weight: each 1 GiB message written from one "
         "shared matrix and summed over its users by torch, in storage made once; timed after the rounds")]
 
