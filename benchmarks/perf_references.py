@@ -2,7 +2,8 @@
 ``torch_geometric.nn`` layers, the same optimiser and the same gradient work, written here without
 fedgl (full-graph steps, per-client steps, feature blocks, nFedGNN's penalised objective, mini-batches
 sampled in plain torch). Each builder returns one step; it is built and stepped on the device its data
-is on."""
+is on. The floors at the end time, in plain torch, the work a round cannot skip while it sends what its
+paper sends."""
 
 from __future__ import annotations
 
