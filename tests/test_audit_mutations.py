@@ -6,6 +6,7 @@ FedAAS's masked model uploads are checked the same way."""
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -17,8 +18,9 @@ from fedgl.comm import rpc
 from fedgl.config import build_config
 from fedgl.errors import RunFailed
 from fedgl.privacy import bonawitz, secure_aggregation
+from fedgl.privacy.bonawitz import SecAggClient
+from fedgl.privacy.secure_aggregation import decode, pair_secret
 from fedgl.protocols.fedavg.client import FedAvgClient
-from fedgl.protocols.aggregation import secure_sum
 from fedgl.protocols.fedavg.server import FedAvg
 from fedgl.runner import Run
 
@@ -77,22 +79,54 @@ def test_zero_masks_are_flagged_and_real_masks_are_not(tmp_path, capsys, monkeyp
 FEDAVG_MASKED = config({"name": "fedavg", "group_size": 1}, {"secure_aggregation": True}, model={"name": "gcn"})
 
 
+def with_itself(self, chosen: torch.Tensor, round_index: int) -> torch.Tensor:
+    """A server's "secure sum" of one client with itself: the participant list names the sender twice,
+    and the client's masked input is taken as the total (``FedAvg.secure_total``'s place)."""
+    i = int(chosen[0])
+    self.sums += 1
+
+    def ask(method: str, **kwargs):
+        return self.transport.call_many([self.clients[i]], method, label=self.sums, **kwargs)[0]
+
+    ids = torch.tensor([i, i])
+    keys = ask("secagg_advertise")
+    ask("secagg_share", ids=ids, keys=torch.stack([keys, keys]), threshold=2)
+    return decode(ask("secagg_input", senders=ids, sealed=torch.zeros(0, bonawitz.SEALED, dtype=torch.uint8)))
+
+
 def test_a_client_masking_with_itself_only_is_flagged(tmp_path, capsys, monkeypatch):
+    """Audit claim (docs/privacy.md, Audit, *Masking*): a fixed-point payload whose masks cancelled, as
+    with a participant list naming the sender twice, reads as values and is flagged; the intact client
+    refuses such a list in one line."""
     code, clean = audit(FEDAVG_MASKED, tmp_path / "masked", capsys)
     assert code == 0 and not clean["flagged"] and clean["attacks"]["masking"]["attacked"] > 0
 
-    def twice(self, chosen, round_index):  # a server asking one client to sum with itself twice
-        one = chosen[:1].repeat(2).tolist()
-        self.sums += 1
-        return secure_sum(self.transport, [self.clients[i] for i in one], one, self.sums, 1)[0]
+    monkeypatch.setattr(FedAvg, "secure_total", with_itself)
+    with pytest.raises(RunFailed, match="refuses a participant list that repeats client"):
+        Run(build_config(FEDAVG_MASKED), tmp_path / "refused").execute(progress=False)
 
-    monkeypatch.setattr(FedAvg, "secure_total", twice)
-    try:
-        code, broken = audit(FEDAVG_MASKED, tmp_path / "twice", capsys)
-    except RunFailed:  # the client refused the list: nothing left it unmasked
-        return
-    assert code == 1 and "masking" in flagged(broken)
-    assert broken["attacks"]["masking"]["recovered"] >= 2  # that client's reply in both rounds
+    drawn: list[torch.Tensor] = []
+
+    def pairwise_by_entry(self, value, u2, raw):
+        """The client with its checks gone, masking as before double masking: no self-mask, and for each
+        entry of the list naming it, its pairwise mask with every other entry (+ towards a later entry,
+        - towards an earlier one). With [i, i] its two masks with itself cancel."""
+        s = self.session
+        out = value.cpu().to(torch.int64).flatten().clone()
+        for p, q in itertools.permutations(range(len(u2)), 2):
+            if u2[p] == self.index:
+                mask = bonawitz.pair_mask(pair_secret(s.c.shared(s.c_public[u2[q]])), out.numel(), s.label)
+                drawn.append(mask)
+                out += mask if p < q else -mask
+        return out.view(value.shape)
+
+    monkeypatch.setattr(bonawitz, "check_participants", lambda *args: None)
+    monkeypatch.setattr(SecAggClient, "_masked_input", pairwise_by_entry)
+    code, broken = audit(FEDAVG_MASKED, tmp_path / "twice", capsys)
+    assert len(drawn) == 4 and all(bool((m != 0).any()) for m in drawn)  # real masks, +/- once per round
+    masking = broken["attacks"]["masking"]
+    assert code == 1 and flagged(broken) == {"masking"}
+    assert masking["attacked"] == masking["recovered"] == 2  # that client's reply in both rounds
 
 
 # ---- (c) labels sent under another kind ---------------------------------------------------------------

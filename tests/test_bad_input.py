@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from fedgl.cli import main
 
@@ -111,3 +112,146 @@ def test_damaged_party_checkpoint_is_one_line(capsys, tmp_path, damage):
         party.unlink()
     fails_with(capsys, ["run", *TINY, "--set", "checkpoint_every=1", "--out", str(out), "--resume"],
                "cannot resume", str(party))
+
+
+# Where results go: a file in the way of a folder, a folder in the way of a file (review A1, A2, A6, A7).
+
+
+def test_a_file_where_the_default_results_folder_goes(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "results").write_text("x")
+    fails_with(capsys, ["run", *TINY], "results is a file, not a folder; pass --out")
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "results").write_text("x")
+    fails_with(capsys, ["bench", "foundation-cora", "--quick"], "benchmarks/results is a file", "pass --out")
+
+
+@pytest.mark.parametrize("plan", [[], ["--plan"]])
+def test_bench_out_is_a_file_or_under_one(capsys, tmp_path, plan):
+    (tmp_path / "afile").write_text("x")
+    for out, needle in (("afile", "is a file, not a folder"), ("afile/x", f"{tmp_path / 'afile'} is a file")):
+        fails_with(capsys, ["bench", "foundation-cora", "--quick", "--out", str(tmp_path / out), *plan],
+                   f"--out {tmp_path / out}", needle)
+
+
+def test_keys_new_out_is_a_file_or_under_one(capsys, tmp_path):
+    (tmp_path / "afile").write_text("x")
+    fails_with(capsys, ["keys", "new", "--out", str(tmp_path / "afile")], "is a file, not a folder")
+    fails_with(capsys, ["keys", "new", "--out", str(tmp_path / "afile" / "sub")], f"{tmp_path / 'afile'} is a file")
+
+
+def test_keys_roster_out_that_cannot_be_a_file(capsys, tmp_path):
+    keys = []
+    for name in ("k1", "k2"):
+        assert main(["keys", "new", "--out", str(tmp_path / name)]) == 0
+        keys.append(str(tmp_path / name / "identity.pub"))
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "afile").write_text("x")
+    capsys.readouterr()
+    for out, needle in (("adir", "is a folder, not a file"), ("nodir/roster.txt", "does not exist"),
+                        ("afile/roster.txt", "is a file, not a folder")):
+        fails_with(capsys, ["keys", "roster", *keys, "--out", str(tmp_path / out)], f"--out {tmp_path / out}", needle)
+    assert not [p.name for p in tmp_path.rglob(".*.tmp")]  # no stray temporary file left behind
+
+
+# Damaged files in folders fedgl reads back (review A3, A4, A5).
+
+
+@pytest.fixture
+def bench_folder(data_root, tmp_path, capsys) -> tuple[Path, list[str]]:
+    """A bench folder holding one finished run, and the command that made it."""
+    argv = ["bench", "foundation-cora", "--quick", "--only", "centralized", "--set", "train.rounds=1",
+            "--out", str(tmp_path / "b")]
+    assert main(argv) == 0
+    capsys.readouterr()
+    return tmp_path / "b", argv
+
+
+@pytest.mark.parametrize("name, text, needle", [
+    ("summary.json", "{trunc", "summary.json is corrupt: not JSON"),
+    ("summary.json", "null", "summary.json is corrupt: not a JSON object"),
+    ("config.yaml", "x: [", "config.yaml is corrupt: not YAML"),
+    ("config.yaml", "- 1", "config.yaml is corrupt: not a mapping"),
+])
+def test_bench_damaged_run_folder(capsys, bench_folder, name, text, needle):
+    folder, argv = bench_folder
+    (folder / "runs" / "centralized-seed0" / name).write_text(text)
+    fails_with(capsys, [*argv, "--plan"], needle, "--rerun")
+    assert main([*argv, "--rerun"]) == 0  # the way out it names
+
+
+@pytest.mark.parametrize("text, held", [("null", "null"), ('"str"', "a string"), ('{"a": 1}', "an object")])
+def test_bench_extend_with_results_json_of_another_shape(capsys, tmp_path, text, held):
+    (tmp_path / "results.json").write_text(text)
+    fails_with(capsys, ["bench", "foundation-cora", "--quick", "--out", str(tmp_path), "--extend", "--plan"],
+               "results.json is not a list of runs", held)
+
+
+@pytest.mark.parametrize("text, needle", [("{trunc", "not YAML"), ("[1]", "not a mapping")])
+def test_report_on_damaged_config(capsys, tmp_path, text, needle):
+    out = tmp_path / "run"
+    assert main(["run", *TINY, "--out", str(out)]) == 0
+    (out / "config.yaml").write_text(text)
+    fails_with(capsys, ["report", str(out)], "config.yaml is corrupt", needle)
+
+
+# Settings that ran and gave a wrong result without a word (review B1, B2, B4, B5).
+
+
+def test_run_flags_take_their_text_as_given(capsys, tmp_path):
+    """--data-root is a path, not YAML: `` #`` is no comment, ``: `` no mapping, a date no date."""
+    for root in ("d #old", "my: data", "2024-01-01"):
+        out = tmp_path / f"run{len(root)}"
+        assert main(["run", *TINY, "--rounds", "1", "--data-root", root, "--out", str(out)]) == 0
+        assert yaml.safe_load((out / "config.yaml").read_text())["dataset"]["data_root"] == root
+    fails_with(capsys, ["run", *TINY, "--dataset", "yes", "--out", str(tmp_path / "y")], "unknown dataset 'yes'")
+
+
+def test_a_split_without_training_nodes(capsys, tmp_path):
+    split = ["--set", "dataset.split=random", "--set", "dataset.options.train_per_class=0",
+             "--set", "dataset.options.num_val=50", "--set", "dataset.options.num_test=50"]
+    fails_with(capsys, ["run", *TINY, *split, "--out", str(tmp_path / "a")], "leaves no training nodes",
+               "dataset.options.train_per_class")
+    assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize("flags, assignment, needle", [
+    (["--rounds", "1"], "train.rounds=2", "--rounds 1 and --set train.rounds=2 disagree"),
+    (["--protocol", "fedavg"], "protocol.name=centralized", "--protocol fedavg and --set protocol.name=centralized"),
+    (["--seed", "3"], "seed=4", "--seed 3 and --set seed=4 disagree"),
+    (["--rounds", "2"], "train={rounds: 1}", "--rounds 2 and --set train={rounds: 1} disagree"),
+    (["--protocol", "centralized"], "protocol={lr: 0.1}", "replaces the whole protocol section"),
+])
+def test_a_flag_and_a_set_that_disagree(capsys, tmp_path, flags, assignment, needle):
+    fails_with(capsys, ["run", *TINY, *flags, "--set", assignment, "--out", str(tmp_path)], needle)
+
+
+def test_a_flag_and_a_set_that_agree(tmp_path):
+    assert main(["run", *TINY, "--rounds", "1", "--set", "train.rounds=1", "--protocol", "FedAvg",
+                 "--set", "protocol.name=fedavg", "--out", str(tmp_path)]) == 0
+
+
+def test_bench_refuses_a_seed_it_would_overwrite(capsys, tmp_path):
+    fails_with(capsys, ["bench", "foundation-cora", "--quick", "--plan", "--set", "seed=5", "--out", str(tmp_path)],
+               "seed=5", "--seeds")
+
+
+# Keys taking several kinds of value: the kinds in words, not pydantic's branch names (review D2, D3).
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--set", "privacy.secure_aggregation=tru"],
+     "privacy.secure_aggregation: expected a mapping of settings, true or false (got 'tru')"),
+    (["--protocol", "fedaas", "--set", "protocol.interval=adaptiv"],
+     "protocol.interval: expected an integer, 'adaptive' or 'never' (got 'adaptiv')"),
+    (["--protocol", "nfedgnn", "--set", "protocol.lam=aut"], "protocol.lam: expected a number or 'auto' (got 'aut')"),
+    (["--protocol", "glasu", "--set", "protocol.fanout=abc"],
+     "protocol.fanout: expected an integer or a list of integers (got 'abc')"),
+    (["--protocol", "glasu", "--set", "protocol.fanout=[1,x]"], "protocol.fanout.1: Input should be a valid integer"),
+    (["--set", "privacy.secure_aggregation={threshold: x}"], "privacy.secure_aggregation.threshold: Input should be"),
+    (["--set", "train.roundz=3"], "train.roundz: unknown key (got 3)"),
+    (["--set", ".rounds=1"], "override '.rounds=1' has an empty part in its key"),
+])
+def test_a_key_of_several_kinds_names_them(capsys, tmp_path, argv, needle):
+    err = fails_with(capsys, ["run", "--quiet", *argv, "--out", str(tmp_path)], needle)
+    assert "function-after" not in err and ".int:" not in err and ".float:" not in err

@@ -206,8 +206,8 @@ def test_resume_with_another_config_names_the_keys(capsys, tmp_path):
     out = tmp_path / "run"
     assert main(["run", *TINY, "--set", "checkpoint_every=1", "--out", str(out)]) == 0
     fails_with(capsys, ["run", *TINY, "--set", "checkpoint_every=1", "--set", "train.lr=0.05", "--out", str(out),
-                        "--resume", "--set", "train.rounds=4"], "different config", "train.lr")
-    assert main(["run", *TINY, "--set", "checkpoint_every=1", "--set", "train.rounds=5", "--out", str(out),
+                        "--resume", "--rounds", "4"], "different config", "train.lr")
+    assert main(["run", *TINY, "--set", "checkpoint_every=1", "--rounds", "5", "--out", str(out),
                  "--resume"]) == 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [1, 2, 3, 4, 5]
@@ -225,6 +225,30 @@ def test_unreachable_ray_address_fails_fast(capsys, tmp_path):
     fails_with(capsys, ["run", *TINY, "--backend", "ray", "--set", "backend.address=127.0.0.1:1",
                         "--set", "backend.connect_timeout_s=5", "--out", str(tmp_path)], "cannot reach Ray")
     assert time.perf_counter() - start < 10
+
+
+def test_a_ray_address_where_no_gcs_answers_fails_within_the_timeout(capsys, tmp_path):
+    """A port where something else listens (here a web server, e.g. Ray's dashboard port): Ray would retry it
+    for minutes; the run fails within backend.connect_timeout_s."""
+    import threading
+    from http.server import HTTPServer, SimpleHTTPRequestHandler
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args) -> None:  # the test reads stderr: the server writes nothing there
+            pass
+
+    pytest.importorskip("ray")
+    server = HTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        start = time.perf_counter()
+        address = f"backend.address=127.0.0.1:{server.server_port}"
+        fails_with(capsys, ["run", *TINY, "--backend", "ray", "--set", address,
+                            "--set", "backend.connect_timeout_s=3", "--out", str(tmp_path)],
+                   "cannot reach Ray", "no Ray GCS answered within 3 s")
+        assert time.perf_counter() - start < 10
+    finally:
+        server.shutdown()
 
 
 def test_interrupt_checkpoints_the_last_round_and_resumes_exactly(tmp_path):
@@ -375,7 +399,8 @@ def test_settings_that_would_train_on_nothing_or_silently_do_nothing(capsys, tmp
                                  "privacy.dp.noise_multiplier"])
 def test_a_boolean_is_not_a_number(capsys, tmp_path, key):
     """``rounds: true`` would otherwise run 1 round and ``lr: yes`` train at 1.0."""
-    fails_with(capsys, ["run", *TINY, "--out", str(tmp_path), "--set", f"{key}=true"], key, "expected a number")
+    tiny = [arg for arg in TINY if arg not in ("--rounds", "3")]  # --rounds and --set train.rounds would disagree
+    fails_with(capsys, ["run", *tiny, "--out", str(tmp_path), "--set", f"{key}=true"], key, "expected a number")
 
 
 def test_a_gpu_out_of_memory_is_one_line(capsys, tmp_path, monkeypatch):
@@ -450,7 +475,7 @@ def test_another_protocol_notes_training_values_its_paper_does_not_use(capsys, t
     assert main(["run", str(config), *TINY, "--out", str(tmp_path / "a"), "--protocol", "nfedgnn"]) == 0
     assert (f"note: nfedgnn trains with train.lr = 0.01 from {config}; its paper's value is 0.1 (remove it from "
             f"{config} or --set train.lr=0.1)") in capsys.readouterr().err
-    for setting in (["--set", "train.lr=0.05"], ["--set", "train={lr: 0.05}"],
+    for setting in (["--set", "train.lr=0.05"], ["--set", "train={lr: 0.05, rounds: 3}"],  # TINY's --rounds 3
                     ["--set", "model.name=gat", "--set", "model.options.heads=8"]):  # GAT's paper value is 0.01
         assert main(["run", str(config), *TINY, "--out", str(tmp_path / "b"), "--overwrite", "--protocol", "nfedgnn",
                      *setting]) == 0

@@ -256,7 +256,7 @@ def test_graphfed_recon_mixes_the_uploads_by_probe_similarity(tmp_path, monkeypa
     assert not torch.allclose(starts[0]["weights.0"], starts[1]["weights.0"])
     flat = run(build_config(config({"name": "graphfed-recon", "similarity_temperature": 1e9})), tmp_path / "f")
     cross = run(build_config(config({"name": "fedcross"})), tmp_path / "c")
-    for a, b in zip(flat.metrics, cross.metrics):
+    for a, b in zip(flat.metrics, cross.metrics, strict=True):
         assert math.isclose(a["train_loss"], b["train_loss"], rel_tol=1e-4)
 
 

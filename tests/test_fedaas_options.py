@@ -135,7 +135,7 @@ def test_tau0_grid_keeps_the_fastest_tau_and_continues_from_the_state_it_started
     best = min(rates, key=rates.get)
     assert grid.summary["tau0"] == best
     same = plain[best]
-    for a, b in zip(grid.metrics, same.metrics):
+    for a, b in zip(grid.metrics, same.metrics, strict=True):
         for key in ("train_loss", "interval_loss", "val_accuracy", "test_loss", "tau", "bytes_round"):
             assert a[key] == b[key], key
     ledger = read_jsonl(tmp_path / "grid" / "ledger.jsonl")
@@ -165,7 +165,7 @@ def test_secure_aggregation_ends_where_the_plain_run_ends(tmp_path, name, option
     plain = run(build_config(cfg), tmp_path / "plain")
     job = Run(build_config(secure(cfg)), tmp_path / "secure")
     masked = job.execute(progress=False)
-    for a, b in zip(plain.metrics, masked.metrics):
+    for a, b in zip(plain.metrics, masked.metrics, strict=True):
         for key in ("train_loss", "val_accuracy", "val_loss", "test_accuracy", "test_loss", "test_macro_f1"):
             assert b[key] == pytest.approx(a[key], abs=1e-5), key
     params = flat_state(job.protocol.model.state_dict()).numel()

@@ -1,18 +1,25 @@
 """The foundation on real data: centralized accuracy, FedAvg's exact ledger, the baselines learning
-(backends and checkpoints: tests/test_equivalence.py)."""
+(backends and checkpoints: tests/test_equivalence.py); and, on a tiny synthetic graph, that no server
+keeps the global graph."""
 
 from __future__ import annotations
 
+import itertools
 import json
+from copy import copy as shallow_copy
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 import fedgl
+from fedgl.comm import Transport
+from fedgl.comm.party_state import plain
 from fedgl.config import RunConfig, TrainConfig, build_config, load_config
+from fedgl.models import make_model
 from fedgl.runner import Run
 from fedgl.search import run
-from fedgl.models import make_model
+from support.configs import tiny
 
 
 def cora(data_root, protocol: dict, **sections) -> dict:
@@ -52,12 +59,87 @@ def test_fedavg_learns_on_cora(data_root, tmp_path):
     assert summary["round_at_target"] is not None and summary["bytes_at_target"] <= summary["bytes_total"]
 
 
-def test_server_never_keeps_the_global_graph(data_root, tmp_path):
-    cfg = build_config(cora(data_root, {"name": "fedavg"}, train={"rounds": 1}))
-    job = Run(cfg, tmp_path)
-    tensors = [v for v in vars(job.protocol).values() if isinstance(v, torch.Tensor)]
-    assert all(t.shape[0] != 2708 for t in tensors)
-    job.transport.close()
+def tensors_in(state, path: tuple = ()):
+    """(path, tensor) of every tensor in ``state`` (``plain``'s nested dicts, lists and tuples), and
+    (path, (a, b)) for every two 1-D integer tensors of one length side by side in one dict (an edge
+    list kept as its two ends)."""
+    if isinstance(state, torch.Tensor):
+        yield path, state
+    elif isinstance(state, dict):
+        ends = [(k, v) for k, v in state.items() if isinstance(v, torch.Tensor) and v.dim() == 1
+                and not v.is_floating_point() and v.dtype != torch.bool]
+        for (ka, a), (kb, b) in itertools.permutations(ends, 2):
+            if a.numel() == b.numel():
+                yield (*path, f"{ka}+{kb}"), (a, b)
+        for key, value in state.items():
+            yield from tensors_in(value, (*path, key))
+    elif isinstance(state, (list, tuple, set)):
+        for i, value in enumerate(state):
+            yield from tensors_in(value, (*path, i))
+
+
+def graph_in(holder, data) -> dict[str, str]:
+    """What of ``data``'s graph the server object ``holder`` keeps, walked whole as a checkpoint walks
+    it (``plain``: nested objects, dicts, lists; the transport, behind which the parties live, left
+    out): path -> "edges" for an edge list or adjacency holding every edge, "features" for a tensor
+    holding every node's feature row."""
+    n = data.num_nodes
+
+    def undirected(u: torch.Tensor, v: torch.Tensor) -> set[int]:
+        u, v = u.long().flatten(), v.long().flatten()
+        ok = (u >= 0) & (u < n) & (v >= 0) & (v < n)
+        return set((torch.minimum(u, v)[ok] * n + torch.maximum(u, v)[ok]).tolist())
+
+    edges = undirected(*data.edge_index)
+    rows = {r.numpy().tobytes() for r in data.x.float()}
+    found = {}
+    for path, t in tensors_in(plain(vars(holder), skip=(Transport,))):
+        where = "/".join(map(str, path))
+        if isinstance(t, tuple):  # two ends side by side
+            if len(t[0]) >= len(edges) and edges <= undirected(*t):
+                found[where] = "edges"
+            continue
+        if t.layout != torch.strided:
+            t = t.to_dense()
+        if t.dim() == 2 and not t.is_floating_point() and 2 in t.shape and t.numel() >= 2 * len(edges):
+            pairs = t if t.size(1) == 2 else t.T
+            if edges <= undirected(pairs[:, 0], pairs[:, 1]):
+                found[where] = "edges"
+        elif t.dim() == 2 and min(t.shape) >= n and edges <= undirected(*t[:n, :n].nonzero().T):
+            found[where] = "edges"  # an adjacency matrix
+        if (t.dim() == 2 and t.is_floating_point() and t.size(1) == data.x.size(1) and t.size(0) >= n
+                and rows <= {r.numpy().tobytes() for r in t.float()}):
+            found[where] = "features"
+    return found
+
+
+# nFedGNN's server holds the topology by design (docs/privacy.md, threat model): the check must see it.
+KEEPS_THE_GRAPH = {"nfedgnn": {"edges"}}
+
+
+@pytest.mark.parametrize("protocol", ["fedavg", "swift", "fedgnn-g", "fedaas", "glasu", "nfedgnn"])
+def test_server_never_keeps_the_global_graph(tmp_path, protocol):
+    """The server keeps only what it may know, never the global dataset (ARCHITECTURE.md, Parties): no
+    tensor anywhere in its state, set up or trained, holds every edge or every node's feature row."""
+    job = Run(build_config(tiny(protocol, train={"rounds": 1})), tmp_path)
+    data = job.evaluator.data  # the ground truth, held by the scoring harness outside every party
+    expected = KEEPS_THE_GRAPH.get(protocol, set())
+    assert set(graph_in(job.protocol, data).values()) == expected
+    job.execute(progress=False)
+    assert set(graph_in(job.protocol, data).values()) == expected
+
+    # A server that stored them, at any depth and in any form, is caught.
+    sparse = torch.sparse_coo_tensor(data.edge_index, torch.ones(data.edge_index.size(1)), (data.num_nodes,) * 2,
+                                     check_invariants=True)
+    for planted, what in [(SimpleNamespace(cache={"hops": [data.edge_index.clone()]}), "edges"),
+                          (SimpleNamespace(graph=SimpleNamespace(src=data.edge_index[1].clone(),
+                                                                 dst=data.edge_index[0].clone())), "edges"),
+                          ([(0, sparse.to_sparse_csr())], "edges"),
+                          ({"rows": {"all": data.x.flip(0).clone()}}, "features")]:
+        copy = shallow_copy(job.protocol)
+        copy.stash = planted  # the live server is left as it was
+        assert set(graph_in(copy, data).values()) == expected | {what}, planted
+    assert set(graph_in(job.protocol, data).values()) == expected
 
 
 @pytest.mark.slow

@@ -88,6 +88,6 @@ def test_standalone_causes_change_one_factor_at_a_time():
             changed = {key for key in {*base, *overrides} if base.get(key) != overrides.get(key)}
             if cause == "StAl.":
                 same = {key: value for key, value in overrides.items() if key != "protocol.train_clients"}
-                assert same == table5.get(f"{dataset} StAl. {M}", same)
+                assert same == table5[f"{dataset} StAl. {M}"], label
             elif not cause.startswith("authors' script"):
                 assert changed == factor[cause], label

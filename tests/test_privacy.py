@@ -165,9 +165,24 @@ def test_ledger_counts_identities_and_eight_bytes_per_masked_coordinate(tmp_path
 
 
 def test_secure_aggregation_goes_on_without_a_lost_client(tmp_path):
-    job = Run(config({"secure_aggregation": True}, group_size=1), tmp_path / "run")
-    job.protocol.drop_parties(["client2"])
-    assert job.execute(progress=False).summary["finished"]
+    """client2 is lost before round 1: nothing goes to or from it, every round's secure sum is over the
+    other three, and the metrics are those of the plain run that loses the same client."""
+    results = {}
+    for name, privacy in (("plain", None), ("secure", {"secure_aggregation": True})):
+        job = Run(config(privacy, group_size=1), tmp_path / name)
+        job.protocol.drop_parties(["client2"])
+        results[name] = job.execute(progress=False)
+    rows = job.transport.ledger.rows()
+    assert not [r for r in rows if "client2" in (r["src"], r["dst"])]
+    for r in (1, 2, 3):
+        inputs = {row["src"] for row in rows if row["round"] == r and row["method"] == "secagg_input"
+                  and row["dst"] == "server"}
+        assert inputs == {"client0", "client1", "client3"}, r
+    plain, secure = results["plain"].metrics, results["secure"].metrics
+    assert len(plain) == len(secure) == 3
+    for a, b in zip(plain, secure, strict=True):
+        for key in ("train_loss", "val_accuracy", "val_loss", "test_accuracy", "test_loss"):
+            assert b[key] == pytest.approx(a[key], abs=1e-5), (key, a["round"])
 
 
 def test_secure_aggregation_needs_three_clients_per_round(tmp_path):

@@ -213,7 +213,8 @@ def test_glasu_sends_clipped_rows_with_noise_of_the_configured_scale(tmp_path):
 
 def test_glasu_epsilon_is_the_accountants_for_the_runs_releases(tmp_path):
     """Releases per node from the messages: the node sets the server sends with ``sample`` and
-    ``forward`` (one row per node and level) and every node at every level of each joint inference."""
+    ``forward`` (one row per node and level), every node at every level of each joint inference, and
+    every node's logits from each scoring client."""
     sigma = 3.0
     job, seen = observed(glasu(dp(sigma, 1.0), rounds=2), tmp_path / "run")
     n, clients = job.protocol.num_nodes, len(job.protocol.clients)
@@ -223,6 +224,8 @@ def test_glasu_epsilon_is_the_accountants_for_the_runs_releases(tmp_path):
             load += clients * 4 * p["targets"].numel()
         if dst == "client0" and m == "infer" and p.get("h") is None:  # a joint inference starts
             load += clients * 4 * n * len(job.protocol.levels)
+        if m == "infer" and src != "server" and "logits" in p:  # a scorer's logits of every node
+            load += 4 * p["logits"].size(0)
     summary = job.result.summary
     assert summary["epsilon"] == pytest.approx(reference_epsilon(sigma, load))
     assert summary["delta"] == 1e-5

@@ -44,7 +44,7 @@ def test_what_leaves_a_user_is_its_clipped_latent_plus_gaussian_noise(tmp_path):
 def test_negligible_noise_and_no_clipping_leave_the_run_as_it_was(tmp_path):
     plain = run(build_config(BASE), tmp_path / "plain").metrics
     private = run(build_config(dp(1e-9, 1e3)), tmp_path / "dp").metrics
-    for a, b in zip(plain, private):
+    for a, b in zip(plain, private, strict=True):
         assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-4)
         assert b["test_accuracy"] == pytest.approx(a["test_accuracy"], abs=1e-6)
 

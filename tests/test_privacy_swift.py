@@ -85,7 +85,7 @@ def test_no_message_names_the_training_client(tmp_path, privacy):
 def test_secure_swift_ends_where_plain_swift_ends(tmp_path, protocol, model):
     plain_job, plain = observed(config(protocol, model=model), tmp_path / "plain")
     job, secure = observed(config(protocol, {"secure_aggregation": True}, model=model), tmp_path / "secure")
-    for row, secure_row in zip(plain_job.result.metrics, job.result.metrics):
+    for row, secure_row in zip(plain_job.result.metrics, job.result.metrics, strict=True):
         for key in ("train_loss", "val_accuracy", "val_loss", "test_accuracy", "test_loss"):
             assert secure_row[key] == pytest.approx(row[key], abs=1e-5), key
     kinds, plain_kinds = job.result.summary["bytes_by_kind"], plain_job.result.summary["bytes_by_kind"]

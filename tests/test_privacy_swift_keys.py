@@ -16,8 +16,8 @@ def checkpointed_swift(folder, monkeypatch) -> list[bytes]:
     made: list[bytes] = []
     create = sa.RequestMasking.create.__func__
 
-    def recorded(cls, scheme=None):
-        masking = create(cls, scheme)
+    def recorded(cls):
+        masking = create(cls)
         made.append(masking.keys.private)
         return masking
 

@@ -55,7 +55,7 @@ def observed(cfg: dict, folder, rounds: int | None = None):
     return job, wire
 
 
-def twin_noise(cfg: dict, folder, read, rounds: int = 1) -> torch.Tensor:
+def twin_noise(cfg: dict, folder, read, rounds: int | None = 1) -> torch.Tensor:
     """``read(wire)`` of a DP run of ``cfg`` less the same of a twin run with negligible noise (the same
     training draws and clipping): the noise the DP run added to what ``read`` takes off the wire."""
     noisy, quiet = (read(observed(merge(cfg, dp(s, BOUND)), folder / name, rounds)[1]).double()
@@ -374,7 +374,9 @@ def test_an_outsider_reads_every_payload_the_ledger_counts_and_the_servers_whole
 
 
 # What crosses as floating point under secure aggregation: the uploads that may (GLASU's scoring
-# clients' logits at each evaluation, FedAAS's queries, partials and keys) and what the server sends back.
+# clients' logits at each evaluation, left in the clear by secure aggregation and noised by DP:
+# test_under_dp_an_outsider_reads_glasu_scores_plus_noise_of_the_configured_scale; FedAAS's queries,
+# partials and keys) and what the server sends back.
 CLEAR_UP = {"fedavg": set(), "glasu": {"infer"}, "swift": set(), "fedaas": {"request", "serve"}}
 CLEAR_DOWN = {"fedavg": {"train"}, "glasu": {"forward", "local_update", "infer"}, "swift": {"begin"},
               "fedaas": {"start", "serve", "finish"}}
@@ -418,5 +420,20 @@ def test_under_dp_an_outsider_reads_each_release_plus_noise_of_the_configured_sc
     sender, method, path = RELEASED[name]
     noise = twin_noise(WIRE[name], tmp_path, lambda wire: next(
         flat(m, *path) for m in messages(wire, sender=sender, method=method) if m.under(*path)))
+    assert noise.numel() > 500
+    gaussian_noise(noise, SIGMA * BOUND)
+
+
+def test_under_dp_an_outsider_reads_glasu_scores_plus_noise_of_the_configured_scale(tmp_path):
+    """Scoring included (the whole run): every logit row a GLASU client sends at evaluation differs
+    from a twin run's with negligible noise by noise of std sigma C per coordinate, as its
+    representations do (tests/test_glasu_eval_privacy.py attacks the scores as the server)."""
+    def scores(wire) -> torch.Tensor:
+        sent = [flat(m, "logits") for m in messages(wire, method="infer", scoring=True)
+                if m.sender != SERVER and m.under("logits")]
+        assert len(sent) == 3  # every client holds labels, so every client scores
+        return torch.cat(sent)
+
+    noise = twin_noise(WIRE["glasu"], tmp_path, scores, rounds=None)
     assert noise.numel() > 500
     gaussian_noise(noise, SIGMA * BOUND)

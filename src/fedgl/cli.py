@@ -17,6 +17,7 @@ from pathlib import Path
 
 from . import __version__
 from .errors import ConfigError, FedglError, RunFailed, gpu_out_of_memory, out_of_memory
+from .files import check_folder
 
 
 @functools.cache
@@ -52,7 +53,8 @@ def _switched_protocol(config: str | None, protocol: str | None, overrides: list
     except ConfigError:
         return []  # an unknown name: the config's validation names it
     kept = {key: value for key, value in section.items() if key != "name" and key in accepted}
-    overrides[overrides.index(f"protocol.name={protocol}")] = "protocol=" + json.dumps({"name": protocol, **kept})
+    overrides[overrides.index(f"protocol.name={json.dumps(protocol)}")] = "protocol=" + json.dumps(
+        {"name": protocol, **kept})
     left = [key for key in section if key != "name" and key not in accepted]
     return [f"{section['name']}'s protocol options in {config} that {protocol} does not have are left out: "
             f"{', '.join(left)}"] if left else []
@@ -81,6 +83,35 @@ def _paper_training_notes(cfg, config: str, sets: list[str]) -> list[str]:
             f"{config} or --set {' --set '.join(f'train.{k}={paper[k]:g}' for k in differ)})"]
 
 
+def _flag_overrides(args: argparse.Namespace) -> list[str]:
+    """The shorthand flags as ``--set`` assignments. A text flag is quoted, so it is taken as given (a path
+    holding `` #`` or ``: ``, a date, ``yes``), never read as YAML. A ``--set`` giving the same key another
+    value is refused: which of the two was meant cannot be told."""
+    from .config import parse_override
+
+    given = {key: (flag, value) for flag, key in _FLAGS.items() if (value := getattr(args, flag)) is not None}
+    for assignment in args.set or []:
+        key, value = parse_override(assignment)
+        for flag_key, (flag, flag_value) in given.items():
+            if not f"{flag_key}.".startswith(f"{key}."):
+                continue
+            other, option = _value_at(value, flag_key.removeprefix(key)), f"--{flag.replace('_', '-')}"
+            if other is None and key != flag_key:  # a whole section, set after the flag, without it
+                raise ConfigError(f"--set {assignment} replaces the whole {key} section, and with it {option} "
+                                  f"{flag_value}; give {flag_key.removeprefix(key + '.')} inside it instead")
+            names = flag in ("protocol", "dataset", "backend")  # names in any case
+            if (other != flag_value if not names else str(other).lower() != flag_value.lower()):
+                raise ConfigError(f"{option} {flag_value} and --set {assignment} disagree; give one of them")
+    return [f"{key}={json.dumps(value) if isinstance(value, str) else value}" for key, (_, value) in given.items()]
+
+
+def _value_at(value, path: str):
+    """What ``value`` (a ``--set`` value) holds at the dotted ``path`` below it (``""``: itself), or None."""
+    for part in filter(None, path.split(".")):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
 def _run(args: argparse.Namespace) -> int:
     from .ray_start import start_in_background
 
@@ -91,7 +122,7 @@ def _run(args: argparse.Namespace) -> int:
     from .config.candidates import label
     from .session import prepare, unread_settings
 
-    overrides = [f"{key}={value}" for flag, key in _FLAGS.items() if (value := getattr(args, flag)) is not None]
+    overrides = _flag_overrides(args)
     notes = _switched_protocol(args.config, args.protocol, overrides)
     cfg = load_config(args.config, overrides + list(args.set or []))
     if cfg.backend.name == "ray" and not cfg.backend.address:  # or while the run loads its data
@@ -151,6 +182,7 @@ def _bench(args: argparse.Namespace) -> int:
     overrides = dict(parse_override(assignment) for assignment in args.set or [])
     task = get_task(args.task)
     out = Path(args.out) if args.out else Path("benchmarks") / "results" / task.name
+    check_folder(out, "--out" if args.out else "", "" if args.out else "pass --out or move it")
     if args.extend and args.rerun:
         raise ConfigError("--extend keeps the runs results.json lists and --rerun runs everything again; choose one")
     if args.cluster and args.executor != "ray":
@@ -233,15 +265,21 @@ def _keys(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     if args.action == "new":
-        path = Identity.generate().write(out)
+        if args.public:
+            raise ConfigError(f"fedgl keys new takes no public keys (got {' '.join(args.public)}); only --out")
+        path = Identity.generate().write(check_folder(out, "--out"))
         console().print(f"identity key written to {path} (keep it); its public key, {out / 'identity.pub'}, "
                         f"goes into the federation's roster")
         return 0
     keys = tuple(read_public(p) for p in args.public)
     if len(set(keys)) != len(keys) or not keys:
         raise ConfigError("fedgl keys roster needs one distinct public key per client, client 0 first")
-    Roster(keys).write(out)
-    console().print(f"roster of {len(keys)} clients written to {out}; name it in the config: privacy: {{secure_aggregation: {{roster: {out}}}}}")
+    try:
+        Roster(keys).write(out)
+    except ConfigError as err:  # a folder, a missing folder or a file in the way: the option names it
+        raise ConfigError(f"--out {err}") from None
+    console().print(f"roster of {len(keys)} clients written to {out}; name it in the config: "
+                    f"privacy: {{secure_aggregation: {{roster: {out}}}}}")
     return 0
 
 
@@ -268,7 +306,8 @@ def _bench_parser(sub) -> None:
                    "come back here")
     b.add_argument("--cluster", metavar="ADDRESS", help="the Ray cluster of --executor ray (default: a new "
                    "local Ray on loopback)")
-    b.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key in every run")
+    b.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key in every run "
+                   "(not seed: a task's runs take seeds 0 to --seeds - 1, and --set seed=N is refused)")
     b.add_argument("--out", help="results folder (default benchmarks/results/<task>)")
     b.add_argument("--only", action="append", metavar="LABEL",
                    help="run only the variants whose label contains LABEL (repeatable)")

@@ -72,7 +72,7 @@ def _save(path: Path, value: Any) -> str:
     buffer = io.BytesIO()
     torch.save(value, buffer)
     data = buffer.getvalue()
-    write_atomically(path, lambda fh: fh.write(data))
+    write_atomically(path, lambda fh: fh.write(data), private=True)  # a party's data: its owner's alone
     return hashlib.sha256(data).hexdigest()
 
 
@@ -95,6 +95,9 @@ def write_shards(cfg: RunConfig, out: Path, data: Data | None = None) -> dict[st
 
     if protocol_class(cfg.protocol_name).scenario == "central":
         raise ConfigError(f"protocol {cfg.protocol_name} has no parties: there is nothing to partition")
+    if cfg.privacy.dp is not None and cfg.privacy.dp.replayable_noise:
+        raise ConfigError("privacy.dp.replayable_noise is a test switch (noise anyone with the config regenerates): "
+                          "shards for parties that keep their data are not written with it")
     torch.manual_seed(cfg.seed)  # as a run does before it loads the data and sets up
     data = data if data is not None else load_data(cfg)
     check_scored(data)  # the evaluator's file would be refused where it is loaded, after training began

@@ -23,12 +23,14 @@ SPLITS = ("val", "test")  # what the runner reports; scoring the train split eve
 
 
 def check_scored(data: Data) -> None:
-    """Refuse a split without validation or test nodes, on which every score would be NaN."""
-    empty = [split for split in SPLITS if not bool(getattr(data, f"{split}_mask").any())]
+    """Refuse a split without training nodes (a run would learn nothing yet report scores) or without
+    validation or test nodes, on which every score would be NaN."""
+    empty = [split for split in ("train", *SPLITS) if not bool(getattr(data, f"{split}_mask").any())]
     if empty:
-        names = {"val": "validation", "test": "test"}
-        raise DataError(f"the dataset's split leaves no {' and no '.join(names[s] for s in empty)} nodes to "
-                        f"score; give each some nodes (dataset.split)")
+        names = {"train": "training", "val": "validation", "test": "test"}
+        where = "dataset.split / dataset.options.train_per_class" if "train" in empty else "dataset.split"
+        raise DataError(f"the dataset's split leaves no {' and no '.join(names[s] for s in empty)} nodes; "
+                        f"give {'each' if len(empty) > 1 else 'it'} some ({where})")
 
 
 def on_cpu(model: nn.Module) -> nn.Module:

@@ -33,7 +33,7 @@ def main(grid: Any, context: Any) -> None:
             overwrite=bool(config.get("overwrite", False)), backend__name="flower")
 
 
-def simulate(config: Any, out_dir: str, *, reply_timeout_s: float | None = None, **overrides: Any) -> Any:
+def simulate(config: Any, out_dir: str, **overrides: Any) -> Any:
     """The same ServerApp and ClientApp in Flower's Simulation Engine, one SuperNode per party of
     ``backend.shards``, on this machine, each with its party host as on a real SuperNode (so every
     protocol keeps its party state between messages); returns the run's ``RunResult``."""
@@ -55,7 +55,7 @@ def simulate(config: Any, out_dir: str, *, reply_timeout_s: float | None = None,
 
     @app.main()
     def _main(grid: Any, context: Any) -> None:
-        with serving(grid, reply_timeout_s, connect_timeout_s=600.0):  # the engine starts Ray first
+        with serving(grid, connect_timeout_s=600.0):  # the engine starts Ray first
             results.append(run(cfg, out_dir=out_dir, overwrite=True))
 
     with tempfile.TemporaryDirectory(prefix="fedgl-sim-") as state, party_hosts(shards, parties, Path(state)) as hosts:

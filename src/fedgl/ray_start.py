@@ -3,8 +3,8 @@ authentication on unless the config opts out (``fedgl.comm.ray_cluster`` says wh
 
 Starting one takes seconds (Ray's own processes start and register), so ``fedgl run --backend ray``
 begins it in the background (``start_in_background``) before it loads its config, while it imports torch
-and loads and partitions its data. This module imports neither torch nor the rest of fedgl for that
-reason (nor Ray, which the background thread imports).
+and loads and partitions its data. This module imports no torch for that reason, and of fedgl only
+``errors`` (Ray only inside its functions: the background thread imports it).
 """
 
 from __future__ import annotations

@@ -8,7 +8,6 @@ import html
 import io
 from pathlib import Path
 
-import yaml
 from rich import box
 from rich.console import Console
 from rich.measure import Measurement
@@ -16,7 +15,7 @@ from rich.table import Table
 
 from .errors import ConfigError
 from .progress import human_bytes
-from .results import CONFIG, SUMMARY, load_run, plot_curves, round_unit
+from .results import SUMMARY, load_run, plot_curves, read_config, round_unit
 from .tables import markdown_table
 
 # summary key -> column header (short, so the table fits a terminal)
@@ -57,8 +56,9 @@ def load_runs(folders: list[Path]) -> dict[str, tuple[dict, list[dict], str]]:
         if not (folder / SUMMARY).exists():
             raise ConfigError(f"{folder} is not a finished run folder (no {SUMMARY})")
         summary, rows = load_run(folder)
-        config = yaml.safe_load((folder / CONFIG).read_text()) if (folder / CONFIG).exists() else {}
-        unit = round_unit((config or {}).get("protocol") or {"name": summary.get("protocol")})
+        config = read_config(folder)
+        section = config.get("protocol")
+        unit = round_unit(section if isinstance(section, dict) else {"name": summary.get("protocol")})
         runs[folder.name if names.count(folder.name) == 1 else str(folder)] = (summary, rows, unit)
     return runs
 

@@ -37,15 +37,40 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
+def load_summary(folder: str | Path, damaged: str = "") -> dict:
+    """A run folder's summary; a damaged one (a crash, a partial copy, a hand edit) is one line naming it,
+    ending with ``damaged``, what to do about it."""
+    path, advice = Path(folder) / SUMMARY, f"; {damaged}" if damaged else ""
+    try:
+        summary = json.loads(path.read_text(errors="replace"))
+    except json.JSONDecodeError:
+        raise ConfigError(f"{path} is corrupt: not JSON{advice}") from None
+    if not isinstance(summary, dict):
+        raise ConfigError(f"{path} is corrupt: not a JSON object{advice}")
+    return summary
+
+
+def read_config(folder: str | Path, damaged: str = "") -> dict:
+    """A run folder's ``config.yaml`` as a dict ({} when there is none); a damaged one is one line naming it,
+    ending with ``damaged``."""
+    import yaml
+
+    path, advice = Path(folder) / CONFIG, f"; {damaged}" if damaged else ""
+    if not path.exists():
+        return {}
+    try:
+        config = yaml.safe_load(path.read_text(errors="replace"))
+    except yaml.YAMLError:
+        raise ConfigError(f"{path} is corrupt: not YAML{advice}") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path} is corrupt: not a mapping of settings{advice}")
+    return config
+
+
 def load_run(folder: str | Path) -> tuple[dict, list[dict]]:
     """The summary and metric rows of a finished run folder."""
     folder = Path(folder)
-    try:
-        summary = json.loads((folder / SUMMARY).read_text(errors="replace"))
-    except json.JSONDecodeError:
-        raise ConfigError(f"{folder / SUMMARY} is corrupt: not JSON") from None
-    if not isinstance(summary, dict):
-        raise ConfigError(f"{folder / SUMMARY} is corrupt: not a JSON object")
+    summary = load_summary(folder)
     if not (folder / METRICS).is_file():
         raise ConfigError(f"{folder} is not a finished run folder (no {METRICS})")
     return summary, read_jsonl(folder / METRICS)

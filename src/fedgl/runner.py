@@ -27,7 +27,7 @@ from .data import load_data
 from .deployment import check_placements, deploy
 from .device import to_wire
 from .errors import ConfigError, PartyFailure, RunFailed
-from .files import load_tensors, write_atomically
+from .files import load_tensors, make_folder, write_atomically
 from .evaluation import Evaluator
 from .protocols import protocol_class
 from .progress import RunProgress
@@ -62,11 +62,13 @@ class RunResult:
         return pandas.DataFrame(self.metrics)
 
 
-def default_out_dir(cfg: RunConfig, parent: str | Path = "results") -> Path:
-    """A new folder named for the run; runs started in the same second get a numbered suffix."""
+def default_out_dir(cfg: RunConfig, parent: str | Path = "results",
+                    hint: str = "name another folder or move it") -> Path:
+    """A new folder named for the run; runs started in the same second get a numbered suffix. A file
+    where ``parent`` goes is refused in one line ending with ``hint``."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     base = Path(parent) / f"{cfg.protocol_name}-{cfg.dataset.name.lower()}-seed{cfg.seed}-{stamp}"
-    Path(parent).mkdir(parents=True, exist_ok=True)
+    make_folder(parent, hint=hint)
     for n in range(1, 10_000):
         folder = base if n == 1 else base.with_name(f"{base.name}-{n}")
         try:
@@ -164,7 +166,7 @@ class Run:
         state goes to ``checkpoint.pt``, whose atomic rename commits the checkpoint; older party
         folders are removed after. A kill at any moment leaves one complete checkpoint."""
         parties = self.out_dir / f"parties-{round_index}"
-        parties.mkdir(exist_ok=True)
+        parties.mkdir(mode=0o700, exist_ok=True)  # the parties' own state: not for other users of the machine
         self.transport.save_parties(parties)
         state = {
             "format": "fedgl-checkpoint-2",

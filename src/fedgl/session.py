@@ -92,7 +92,7 @@ def prepare(cfg: RunConfig, out_dir: str | Path | None, *, resume: bool = False,
     # before the data loads and the parties start (a search's candidates keep their own checkpoints)
     if resume and not search_space(cfg) and not (Path(out_dir) / CHECKPOINT).exists():
         raise ConfigError(f"cannot resume: {out_dir} holds no checkpoint (set checkpoint_every to write them)")
-    folder = Path(out_dir) if out_dir else default_out_dir(cfg)
+    folder = Path(out_dir) if out_dir else default_out_dir(cfg, hint=f"pass {names['out']} or move it")
     try:
         job = open_run(cfg, folder)
     except BaseException:

@@ -20,19 +20,20 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
 from rich.console import Console
 from rich.table import Table
 
 from ..config import RunConfig, build_config, set_key
 from ..config.identity import config_hashes, hash_without
 from ..errors import ConfigError
+from ..files import check_folder, make_folder
 from ..protocols import protocol_class
-from ..results import CONFIG, FINISHED, SUMMARY, write_json
+from ..results import CONFIG, FINISHED, SUMMARY, load_summary, read_config, write_json
 from ..tables import markdown_table
 from .estimate import plan_table
 from .executor import EXECUTORS, Outcome, RunJob, execute, run_jobs
 
+DAMAGED = "delete the folder or pass --rerun"  # a run folder a crash or a hand edit damaged
 COST = "cost.json"  # what the task's runs cost: CPU seconds summed over them, wall seconds of the whole task
 
 
@@ -148,13 +149,14 @@ def finished_summary(folder: Path, cfg: RunConfig) -> dict[str, Any] | None:
     summary, config = folder / SUMMARY, folder / CONFIG
     if not (summary.exists() and config.exists()):
         return None
+    saved = read_config(folder, damaged=DAMAGED)  # a damaged file is refused, one another fedgl wrote is not reused
     try:  # both read through today's config model: options added since then take their defaults
-        earlier = build_config(as_saved(yaml.safe_load(config.read_text()))).model_dump(mode="json")
+        earlier = build_config(as_saved(saved)).model_dump(mode="json")
     except ConfigError:
         return None
     if earlier != build_config(cfg.model_dump(mode="json")).model_dump(mode="json"):
         return None
-    found = json.loads(summary.read_text())
+    found = load_summary(folder, damaged=DAMAGED)
     if not (folder / FINISHED).exists() and found.get("finished", True) is not True:
         return None
     return found
@@ -170,6 +172,9 @@ def committed_summaries(out: Path) -> dict[tuple[str, int], dict[str, Any]]:
         rows = json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise ConfigError(f"{path} is not valid JSON ({err}); move it away to run the task afresh") from None
+    if not isinstance(rows, list):  # a string or a mapping would be iterated as if it listed runs
+        held = {dict: "an object", str: "a string", bool: "a boolean", type(None): "null"}.get(type(rows), "a number")
+        raise ConfigError(f"{path} is not a list of runs (it holds {held}); move it away to run the task afresh")
     return {(r["variant"], r["seed"]): r for r in rows if isinstance(r, dict) and {"variant", "seed"} <= r.keys()}
 
 
@@ -258,11 +263,9 @@ def run_task(task: BenchTask, out_dir: str | Path, *, seeds: int | None = None, 
     started = time.perf_counter()
     console = console or Console()
     variants = select_variants(task, only)
-    out = Path(out_dir)
+    out = check_folder(out_dir)  # before anything is planned: --plan refuses it too
     n_seeds = seeds or (1 if quick else task.seeds)
-    extra = {**(task.quick if quick else {}), **(overrides or {})}
-    if backend:
-        extra["backend.name"] = backend
+    extra = task_overrides(task, quick, overrides or {}, backend)
     planned = plan_runs(task, variants, n_seeds, extra, out)
     committed = committed_summaries(out) if extend and not rerun else {}
     summaries, from_rows = ([None] * len(planned), []) if rerun else _reused(task, planned, committed, console)
@@ -270,7 +273,7 @@ def run_task(task: BenchTask, out_dir: str | Path, *, seeds: int | None = None, 
     where, workers = placement(jobs, executor, len(todo))
     if plan:
         return _plan(task, [planned[i] for i in todo], len(planned), extra, out, workers, console)
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out)
     outcomes = execute_runs(task, len(planned), [planned[i] for i in todo], console, where, workers, cluster)
     for i, outcome in zip(todo, outcomes):
         summaries[i] = outcome.summary
@@ -299,6 +302,15 @@ def run_task(task: BenchTask, out_dir: str | Path, *, seeds: int | None = None, 
     elif task.finish:
         task.finish(out)
     return result
+
+
+def task_overrides(task: BenchTask, quick: bool, overrides: dict[str, Any], backend: str | None) -> dict[str, Any]:
+    """What every run of the task sets on top of its variant: the quick settings, the user's, the backend.
+    A seed is refused: the seed loop would overwrite it without a word."""
+    if "seed" in overrides:
+        raise ConfigError(f"a bench sets seed itself (0 to seeds - 1; --seeds); it cannot be set "
+                          f"(got seed={overrides['seed']})")
+    return {**(task.quick if quick else {}), **overrides, **({"backend.name": backend} if backend else {})}
 
 
 def _plan(task: BenchTask, todo: list[RunJob], total: int, extra: dict[str, Any], out: Path, workers: int,

@@ -69,7 +69,8 @@ def _dp_tasks() -> list[BenchTask]:
             description="GLASU with DP on Cora: the setting of glasu-table2-cora's GLASU-4 (3 clients with 80% of "
                         "the edges each, 4-layer GCNII of 128 hidden, K = 2, Q = 4, S = 16, 32 mini-batches per round, "
                         "60 training nodes per class) for 5 rounds instead of 16. DP clips each node's row of every "
-                        "representation a client sends (training and every evaluation's joint inference) to L2 norm "
+                        "representation a client sends (training and every evaluation's joint inference) and of every "
+                        "scoring client's logits to L2 norm "
                         f"{MAX_NORM:g} and adds Gaussian noise; epsilon at delta = {DELTA:g} from the run's "
                         f"accountant. {ACCURACY_NOTE}"),
         BenchTask(

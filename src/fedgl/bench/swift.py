@@ -94,7 +94,7 @@ def derive(summary: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _refs(dataset: str, i: int, label: str) -> dict[str, float]:
+def _refs(dataset: str, i: int) -> dict[str, float]:
     ref: dict[str, float] = {}
     if dataset in TABLE1 and i < 4:
         ref["gb_at_target"] = TABLE1[dataset][i]
@@ -106,7 +106,7 @@ def _refs(dataset: str, i: int, label: str) -> dict[str, float]:
 
 
 def compare_task(dataset: str) -> BenchTask:
-    variants = [Variant(label, overrides, _refs(dataset, i, label))
+    variants = [Variant(label, overrides, _refs(dataset, i))
                 for i, (label, overrides) in enumerate(_protocols(dataset).items())]
     return BenchTask(
         name=f"swift-compare-{dataset}",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import sys
@@ -25,6 +26,7 @@ from typing import Any
 
 from .. import device as devices
 from ..errors import ConfigError, FedglError
+from ..files import write_atomically
 from ..flower_relay import ABSENT, REFUSAL, RelayError, from_bytes, to_bytes
 from .flower_codec import decode, encode
 from .party import Party
@@ -39,13 +41,28 @@ class NotMade(ConfigError):
     so the server counts the party as lost (and may make it again) rather than stopping."""
 
 
+# A checkpoint's name as the server sends it: its run folder's key and the round's folder, nothing a
+# path could be made of, so the server never chooses where on this node a party's state is written.
+CHECKPOINT = re.compile(r"[0-9a-f]{16}/parties-[0-9]+")
+KEPT = 2  # checkpoints kept per run: the newest may not be committed by the server yet
+
+
 class NodeParty:
-    """The one party of a SuperNode for one run, made from its own shard file, live between messages."""
+    """The one party of a SuperNode for one run, made from its own shard file, live between messages.
+    Its state and checkpoints stay in the node's own state folder, owner-only."""
 
     def __init__(self, name: str, shard: str, state_dir: str, run_id: int):
         self.name, self.shard, self.live = name, shard, None
-        self.folder = Path(state_dir) / f"run-{run_id}"
+        self.root = Path(state_dir)
+        self.folder = self.root / f"run-{run_id}"
         self.state, self.held, self.spec = (self.folder / f"{name}{suffix}" for suffix in (".pt", ".held.pt", ".json"))
+
+    def checkpoint(self, label: Any) -> Path:
+        """Where this node keeps the checkpoint the server names ``label`` (refused unless it is a name)."""
+        if not isinstance(label, str) or not CHECKPOINT.fullmatch(label):
+            raise ConfigError(f"refused checkpoint name {str(label)[:80]!r}: the server names a checkpoint, "
+                              "this node chooses where it is kept")
+        return self.root / "checkpoints" / label / f"{self.name}.pt"
 
     def _made(self) -> tuple[type[Party], dict[str, Any], dict[str, str]]:
         try:
@@ -69,7 +86,7 @@ class NodeParty:
         """Make the party from its own shard, which must hold ``cls_path`` and hash to ``sha256``."""
         cls, kwargs = load_party(self.shard, cls_path, sha256 or None)
         party = cls.create(devices.resolve(device), **kwargs)
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         party.save(self.state)
         self.spec.write_text(json.dumps({"class": cls_path, "sha256": sha256 or None, "device": device}))
 
@@ -93,12 +110,16 @@ class NodeParty:
         if action == "spawn":
             self.spawn(str(meta["class"]), str(meta["sha256"]), str(meta["device"]))
         elif action == "load":
+            path = self.checkpoint(meta.get("checkpoint"))
             party = self._party()
-            party.load(Path(str(meta["folder"])) / f"{self.name}.pt")  # checked as the party's own checkpoint
+            party.load(path)  # checked as the party's own checkpoint
             party.save(self.state)
         elif action in COPIES:
             source, target = COPIES[action](self, meta)
-            shutil.copyfile(source, target)
+            target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            write_atomically(target, lambda fh: fh.write(source.read_bytes()), private=True)
+            if action == "save":
+                _prune(target.parent.parent)
         else:
             raise ConfigError(f"unknown node action {action!r}")
         return None
@@ -106,10 +127,26 @@ class NodeParty:
 
 # The actions that copy the party's state file: (source, target) of each
 COPIES = {
-    "save": lambda node, meta: (node.state, Path(str(meta["folder"])) / f"{node.name}.pt"),
+    "save": lambda node, meta: (node.state, node.checkpoint(meta.get("checkpoint"))),
     "hold": lambda node, meta: (node.state, node.held),
     "roll_back": lambda node, meta: (node.held, node.state),
 }
+
+
+def _prune(run: Path) -> None:
+    """Keep a run's newest ``KEPT`` checkpoints on this node."""
+    rounds = sorted(run.glob("parties-*"), key=lambda folder: int(folder.name.removeprefix("parties-")))
+    for folder in rounds[:-KEPT]:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def private_folder(folder: Path) -> Path:
+    """``folder`` made owner-only (0700), refused if another user owns it: a party's state lives there."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if folder.stat().st_uid != os.getuid():
+        raise ConfigError(f"the state folder {folder} belongs to another user: choose one of your own (--state)")
+    folder.chmod(0o700)
+    return folder
 
 
 def answer(node: NodeParty, action: str, payload: Any, meta: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
@@ -147,7 +184,8 @@ def serve(socket: str, name: str, shard: str, state_dir: str) -> None:
     of the current run alive between them."""
     from multiprocessing.connection import AuthenticationError, Listener
 
-    Path(socket).parent.mkdir(parents=True, exist_ok=True)
+    private_folder(Path(state_dir))
+    Path(socket).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     Path(socket).unlink(missing_ok=True)
     key = Path(f"{socket}.key")
     key.unlink(missing_ok=True)

@@ -25,7 +25,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -109,7 +108,10 @@ def superlink_command(args: argparse.Namespace) -> list[str]:
 
 
 def _state(args: argparse.Namespace) -> Path:
-    return Path(args.state or Path(tempfile.gettempdir()) / "fedgl-flower" / args.party).resolve()
+    """The party's state folder: ``--state``, else one in the user's own state home (not a shared
+    temporary folder another user could make first); ``flower_party`` makes it owner-only."""
+    home = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    return Path(args.state or home / "fedgl-flower" / args.party).resolve()
 
 
 def start_host(party: str, shard: Path, state: Path, env: dict[str, str] | None = None

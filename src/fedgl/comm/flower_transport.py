@@ -11,6 +11,7 @@ longer holds the party, is a lost party: the runner applies ``backend.on_client_
 
 from __future__ import annotations
 
+import hashlib
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,6 +26,13 @@ from .party import Party
 from .transport import Transport
 
 _ACTIVE: dict[str, Any] = {}  # the grid (and reply timeout) of the ServerApp running in this process
+
+
+def checkpoint_name(folder: Path) -> str:
+    """What the nodes are told of a checkpoint: a key of its run folder and the round's folder name. A
+    node keeps its checkpoints in its own state folder; no path of the server's machine reaches it."""
+    run = hashlib.sha256(str(Path(folder).resolve().parent).encode()).hexdigest()[:16]
+    return f"{run}/{Path(folder).name}"
 
 
 @contextmanager
@@ -169,10 +177,10 @@ class FlowerTransport(Transport):
         self._control(self._live(), "roll_back")
 
     def save_parties(self, folder: Path) -> None:
-        self._control(self._live(), "save", folder=str(folder))
+        self._control(self._live(), "save", checkpoint=checkpoint_name(folder))
 
     def load_parties(self, folder: Path) -> None:
-        self._control(self._live(), "load", folder=str(folder))
+        self._control(self._live(), "load", checkpoint=checkpoint_name(folder))
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         raise ConfigError("backend 'flower': a party's state stays on its node")

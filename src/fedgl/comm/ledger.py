@@ -54,19 +54,18 @@ class Ledger:
             for (r, s, d, k, m), (b, n) in sorted(self._totals.items())
         ]
 
-    def total(self, *, kind: str | None = None, upto_round: int | None = None, include_eval: bool = False,
+    def total(self, *, kind: str | None = None, include_eval: bool = False,
               methods: tuple[str, ...] | None = None, kinds: tuple[str, ...] | None = None) -> int:
         """Bytes of the messages matching every filter given (``methods``/``kinds``: any of them)."""
-        if kind is None and kinds is None and methods is None and upto_round is None:
+        if kind is None and kinds is None and methods is None:
             return sum(b for k, b in self._kinds.items() if include_eval or k != EVAL)
         return sum(
             b
-            for (r, _, _, k, m), (b, _) in self._totals.items()
+            for (_, _, _, k, m), (b, _) in self._totals.items()
             if (kind is None or k == kind)
             and (kinds is None or k in kinds)
             and (methods is None or m in methods)
             and (include_eval or k != EVAL)
-            and (upto_round is None or r <= upto_round)
         )
 
     def by_method(self) -> dict[str, dict[str, int]]:
@@ -91,14 +90,9 @@ class Ledger:
         """Training bytes of one round."""
         return self._rounds.get(round_index, 0)
 
-    def by_round(self, include_eval: bool = False) -> dict[int, int]:
-        if not include_eval:
-            return dict(sorted(self._rounds.items()))
-        out: dict[int, int] = defaultdict(int)
-        for (r, _, _, k, _), (b, _) in self._totals.items():
-            if include_eval or k != EVAL:
-                out[r] += b
-        return dict(sorted(out.items()))
+    def by_round(self) -> dict[int, int]:
+        """Training bytes per round."""
+        return dict(sorted(self._rounds.items()))
 
     def by_party(self) -> dict[str, dict[str, int]]:
         """Training bytes each non-server party sent ('up') and received ('down')."""

@@ -63,9 +63,10 @@ class Party:
         return dict(self.__dict__)
 
     def save(self, path: str | Path) -> None:
-        """Write the party's own checkpoint where it lives; its state never travels. Tensors are saved
-        from the CPU, so the file reads on any machine (a run still resumes on its own device only)."""
-        write_atomically(Path(path), lambda fh: torch.save(to_wire(plain(self)), fh))
+        """Write the party's own checkpoint where it lives, owner-only (it holds the party's data and its
+        unreleased model); its state never travels. Tensors are saved from the CPU, so the file reads on
+        any machine (a run still resumes on its own device only)."""
+        write_atomically(Path(path), lambda fh: torch.save(to_wire(plain(self)), fh), private=True)
 
     def load(self, path: str | Path) -> None:
         """Load the party's own checkpoint into this party, set up as it was when saved. The file is
@@ -74,7 +75,7 @@ class Party:
         try:
             if restore(self, state) is not self:
                 raise StateMismatch(f"it is not a checkpoint of a {type(self).__qualname__}")
-        except (RuntimeError, KeyError, TypeError, ValueError) as err:  # StateMismatch is a ValueError
+        except (AttributeError, RuntimeError, KeyError, TypeError, ValueError) as err:  # StateMismatch: ValueError
             raise ConfigError(f"cannot resume: the party checkpoint {path} does not fit party {self.name} "
                               f"({first_line(err)})") from None
 

@@ -42,12 +42,34 @@ def check_reachable(address: str, timeout_s: float) -> None:
                           f"(waited up to {timeout_s:g} s; backend.connect_timeout_s)") from None
 
 
+def check_gcs(address: str, timeout_s: float) -> None:
+    """Fail in ``timeout_s`` with one line when what listens at a ``host:port`` address is not a Ray GCS
+    (a dashboard, a web server, a black hole): ``ray.init`` would retry it far longer than
+    ``connect_timeout_s``. A GCS answers a cluster-id call, or refuses it for want of the token; anything
+    else is not one. ``auto``, ``ray://`` and addresses without a port are left to Ray."""
+    import grpc
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    host, sep, port = address.rpartition(":")
+    if "://" in address or not sep or not port.isdigit():
+        return
+    with grpc.insecure_channel(f"{host or '127.0.0.1'}:{port}") as channel:
+        try:
+            gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
+                gcs_service_pb2.GetClusterIdRequest(), timeout=timeout_s)
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.UNAUTHENTICATED:
+                raise ConfigError(f"cannot reach Ray at {address}: no Ray GCS answered within {timeout_s:g} s "
+                                  f"({err.code().name}; is this the GCS port, usually 6379?)") from None
+
+
 def init_ray(ray: Any, address: str | None, timeout_s: float, auth: str = "token") -> bool:
     """Join ``address``, or start a local instance, unless this process already joined a Ray; then
     check that Ray enforces token authentication (``auth: token``). Returns whether this process
     started the connection here or in the background (``ray_start.start_in_background``)."""
     if address:  # named, it must answer, even when this process already joined a Ray
         check_reachable(address, timeout_s)
+        check_gcs(address, timeout_s)
     try:
         owns = ray_start.join_background(ray, None if address else auth)
         if not owns and not ray.is_initialized():

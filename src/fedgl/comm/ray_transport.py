@@ -9,6 +9,8 @@ Ray's object store moves without pickling their bytes.
 The driver stays outside the parties: a host offers it ``@rpc`` calls and control verbs that move no
 party state (``PartyHost``), and neither a host nor the scoring harness carries the methods Ray adds
 to actor classes (``__ray_call__`` would run any function the driver sends on the host's own object).
+A deployed host (its parties read their own shard files) never runs a party class the driver sends
+(``add``); a host that has run one never makes a deployed party (``_settle``).
 Ray is started or joined locked down (``ray_cluster``). Hosts start side by side: a transport starts its
 first host as soon as it exists and sends every party it makes without waiting, then waits once.
 """
@@ -27,6 +29,7 @@ from ..errors import ConfigError, FedglError, PartyFailure, out_of_memory
 from .network import NetworkModel
 from .party import Party
 from .party_group import PartyGroup
+from .party_state import StateMismatch, own_class
 from .payload import broadcast_base
 from .ray_cluster import init_ray
 from .shard_file import EVALUATOR_PARTY, load_evaluator
@@ -95,24 +98,31 @@ class Sealed(type):
 class PartyHost(metaclass=Sealed):
     """A Ray actor holding several parties (a ``PartyGroup``), with its own torch thread count. Its
     methods are all the driver can call: set-up (``add`` in a simulation, ``add_from_file`` where a
-    deployed party reads its own shard), ``@rpc`` calls, and verbs that keep party states inside the
-    host (``hold``/``roll_back``, each party's own checkpoint file ``save``/``load``), and ``clear`` at a
-    run's end."""
+    deployed party reads its own shard; a host does one or the other for its whole life), ``@rpc``
+    calls, and verbs that keep party states inside the host (``hold``/``roll_back``, each party's own
+    checkpoint file ``save``/``load``), and ``clear`` at a run's end."""
 
     def __init__(self, threads: int, device: str = "cpu"):
         torch.set_num_threads(threads)
         self._device = device
         self._group = PartyGroup(device)
+        self._deployed: bool | None = None  # fixed by the first party made (``_settle``); ``clear`` keeps it
 
     def clear(self) -> None:
         """Drop every party, its data and state: the run is over and the host waits for the next one."""
         self._group = PartyGroup(self._device)
         gc.collect()
 
-    def add(self, name: str, cls: type[Party], kwargs: dict[str, Any]) -> None:
-        self._group.add(name, cls, kwargs)
+    def add(self, name: str, cls: str | type[Party], kwargs: dict[str, Any]) -> None:
+        """A simulation's party, made from what the driver sends (a fedgl class by its path, or a test's
+        own class): refused by a deployed host, where that code would run beside parties kept from it."""
+        _settle(self, deployed=False)
+        self._group.add(name, _party_class(cls), kwargs)
 
     def add_from_file(self, name: str, cls_path: str, path: str, sha256: str) -> None:
+        """A deployed party, made from its own shard file read here, its class resolved by its fedgl
+        path (``own_class``); refused by a host that has run a class the driver sent."""
+        _settle(self, deployed=True)
         self._group.add_from_file(name, cls_path, path, sha256)
 
     def run(self, calls: list) -> list:
@@ -136,6 +146,45 @@ class PartyHost(metaclass=Sealed):
         import ray
 
         return ray.get_runtime_context().get_node_id()
+
+
+DEPLOYED_ADD = ("this party host is deployed: its parties are made only from their own shard files "
+                "(add_from_file), never from a class the driver sends (add)")
+SIMULATION_FILE = ("this party host has run a class the driver sent (add); a deployed party is made only "
+                   "in a host that never has")
+
+
+def _settle(host: PartyHost, deployed: bool) -> None:
+    """Fix at its first party whether ``host`` is deployed, for the life of its process (a module
+    function, so the driver cannot call it): code the driver sent may leave anything behind, and
+    would share a deployed host with parties whose state is kept from the driver."""
+    if host._deployed is None:
+        host._deployed = deployed
+    if host._deployed != deployed:
+        raise ConfigError(DEPLOYED_ADD if host._deployed else SIMULATION_FILE)
+
+
+def _party_class(cls: str | type) -> type[Party]:
+    """The class ``add`` was sent: a fedgl class by its path, resolved here, or a class object (a
+    simulation's test classes are not installed where the host runs)."""
+    if isinstance(cls, str):
+        try:
+            cls = own_class(cls)
+        except StateMismatch:
+            raise ConfigError(f"party class {cls} is not one of fedgl's own") from None
+    if not (isinstance(cls, type) and issubclass(cls, Party)):
+        raise ConfigError(f"{cls!r} is not a party class")
+    return cls
+
+
+def wire_class(cls: type[Party]) -> str | type[Party]:
+    """What ``add`` sends for ``cls``: its path if it is fedgl's own (the host resolves it itself, no
+    class object crosses), otherwise the class (a test's, pickled by value)."""
+    path = f"{cls.__module__}:{cls.__qualname__}"
+    try:
+        return path if own_class(path) is cls else cls
+    except StateMismatch:
+        return cls
 
 
 class Referee(metaclass=Sealed):
@@ -200,10 +249,13 @@ class RayTransport(Transport):
         self._specs: dict[str, tuple[str, tuple]] = {}  # how each party was made, to make it again
         self._dead: set[int] = set()  # hosts whose actor died (until revived)
         self._pending: list[tuple[int, Any]] = []  # parties sent to their hosts, not yet confirmed made
+        self._deployed: bool | None = None  # whether this run's parties are made from shard files (``_mode``)
+        self._first_idle = False  # the first host came from a finished run's hosts (``_IDLE``)
         # Called with (actor method, arguments) for everything the driver sends to an actor: what a
         # deployment test watches to prove no party's data leaves its node.
         self.outbound: list[Callable[[str, tuple], None]] = []
         if not self._nodes:  # its imports overlap the driver's set-up (every run places a party)
+            self._first_idle = bool(self._keeps_hosts and _IDLE.get(self._host_key(None)))
             self._hosts.append(self._new_host(None))
             self._host_nodes.append(None)
 
@@ -239,13 +291,26 @@ class RayTransport(Transport):
         return names
 
     def _create(self, name: str, cls: type[Party], kwargs: dict[str, Any]) -> None:
-        self._specs[name] = ("add", (name, cls, kwargs))
+        self._mode(deployed=False)
+        self._specs[name] = ("add", (name, wire_class(cls), kwargs))
         h = self._place(name)
-        self._pending.append((h, self._send(self._hosts[h], "add", name, cls, kwargs)))
+        self._pending.append((h, self._send(self._hosts[h], "add", *self._specs[name][1])))
 
     def _create_from_file(self, name: str, cls_path: str, path: str, sha256: str) -> None:
+        self._mode(deployed=True)
         self._specs[name] = ("add_from_file", (name, cls_path, path, sha256))
         self._gather({0: self._send(self._hosts[self._place(name)], "add_from_file", name, cls_path, path, sha256)})
+
+    def _mode(self, deployed: bool) -> None:
+        """Fix at the first party whether this run is deployed. A deployed run never uses a host a
+        simulation ran in (the host would refuse its parties, ``_settle``): a first host taken from a
+        simulation's idle hosts goes back to them, and a new or deployed one takes its place."""
+        if self._deployed is not None:
+            return
+        self._deployed = deployed
+        if deployed and self._first_idle:
+            _IDLE.setdefault(self._host_key(None, False), []).append(self._hosts[0])
+            self._hosts[0] = self._new_host(None)
 
     def _new_host(self, node: str | None) -> Any:
         idle = _IDLE.get(self._host_key(node)) if self._keeps_hosts else None
@@ -253,8 +318,11 @@ class RayTransport(Transport):
             return idle.pop()
         return self._pinned(PartyHost, node).remote(torch.get_num_threads(), self._device)
 
-    def _host_key(self, node: str | None) -> tuple[Any, ...]:
-        return self._ray.get_runtime_context().gcs_address, node, torch.get_num_threads(), self._device
+    def _host_key(self, node: str | None, deployed: bool | None = None) -> tuple[Any, ...]:
+        """Which idle hosts a host may be taken from or kept with: a deployed run's apart from a
+        simulation's (a run not yet placing parties counts as a simulation)."""
+        deployed = bool(self._deployed) if deployed is None else deployed
+        return self._ray.get_runtime_context().gcs_address, node, torch.get_num_threads(), self._device, deployed
 
     def evaluator_from_file(self, path: str, sha256: str) -> RemoteEvaluator:
         node = self._nodes.get(EVALUATOR_PARTY)

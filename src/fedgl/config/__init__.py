@@ -195,13 +195,51 @@ class RunConfig(Section):
 
 
 def describe(err: ValidationError, prefix: str = "") -> str:
-    """One line naming the first bad key, the problem and the value given."""
-    first = err.errors()[0]
+    """One line naming the first bad key, the problem and the value given. A key that takes one of several
+    kinds of value (``int | Literal["adaptive", "never"]``) gets every kind it takes, in words, instead of
+    pydantic's first branch and its name in the key (``interval.int``)."""
+    errors = err.errors()
+    first, expected = errors[0], None
+    branch = next((i for i, part in enumerate(first["loc"]) if _is_branch(part)), None)
+    if branch is not None:  # the alternatives: the errors of the same key's other branches
+        options = [e for e in errors if e["loc"][:branch] == first["loc"][:branch] and len(e["loc"]) > branch
+                   and _is_branch(e["loc"][branch])]
+        closer = [e for e in options if len(e["loc"]) > branch + 1 or not _wrong_kind(e["type"])]
+        first = closer[0] if closer else first  # e.g. a list with a bad item: that item, not "not an integer"
+        if not closer:
+            expected = list(dict.fromkeys(word for e in options for word in _kind(e["loc"][branch], e)))
     # A check of a whole section (a model validator) has no key of its own: the section is named.
-    where = (prefix + ".".join(str(p) for p in first["loc"])).rstrip(".") or "config"
+    where = (prefix + ".".join(str(p) for p in first["loc"] if not _is_branch(p))).rstrip(".") or "config"
     got = first.get("input")
     shown = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
-    return f"invalid config: {where}: {first['msg'].removeprefix('Value error, ')}{shown}"
+    if expected:
+        words = ", ".join(expected[:-1]) + f" or {expected[-1]}" if len(expected) > 1 else expected[0]
+        return f"invalid config: {where}: expected {words}{shown}"
+    message = "unknown key" if first["type"] == "extra_forbidden" else first["msg"].removeprefix("Value error, ")
+    return f"invalid config: {where}: {message}{shown}"
+
+
+_KINDS = {"int": "an integer", "float": "a number", "bool": "true, false", "str": "a text",
+          "list[int]": "a list of integers", "list[float]": "a list of numbers", "list[str]": "a list of texts"}
+
+
+def _is_branch(part: Any) -> bool:
+    """Whether a part of an error's key is pydantic's name for a branch of a union (``int``,
+    ``literal['auto']``, ``function-after[...]``, a model's class name), not a config key."""
+    return isinstance(part, str) and (part in _KINDS or "[" in part or part.endswith(("Config", "Options")))
+
+
+def _wrong_kind(kind: str) -> bool:
+    """Whether an error only says the value is of another kind than its branch takes."""
+    return kind.endswith(("_parsing", "_type")) or kind in ("literal_error", "model_attributes_type")
+
+
+def _kind(branch: str, error: dict[str, Any]) -> list[str]:
+    """A union branch in words: the kinds or the values it takes."""
+    if error["type"] == "literal_error":  # pydantic's "'a', 'b' or 'c'"
+        return error["ctx"]["expected"].replace(" or ", ", ").split(", ")
+    return _KINDS.get(branch, "a mapping of settings" if error["type"].startswith(("model", "dict")) else branch
+                      ).split(", ")
 
 
 def build_config(data: dict[str, Any]) -> RunConfig:
@@ -256,6 +294,8 @@ def parse_override(assignment: str) -> tuple[str, Any]:
     key, sep, raw = assignment.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"override {assignment!r} must look like section.key=value")
+    if not all(part.strip() for part in key.split(".")):
+        raise ConfigError(f"override {assignment!r} has an empty part in its key {key.strip()!r}")
     try:
         return key.strip(), yaml.safe_load(raw)
     except yaml.YAMLError:

@@ -57,12 +57,6 @@ def merge_into(num: Tensor, den: Tensor, shift: Tensor, index: Tensor, size: int
     return Partial(out_num, out_den, top)
 
 
-def cat_partials(parts: list[tuple[Partial, Tensor]], size: int) -> Partial:
-    """Merge several partials, each with the rows (``index``) it belongs to."""
-    return merge_into(torch.cat([p.num for p, _ in parts]), torch.cat([p.den for p, _ in parts]),
-                      torch.cat([p.shift for p, _ in parts]), torch.cat([i for _, i in parts]), size)
-
-
 class SplitAttentionNet(nn.Module):
     """``len(widths)`` attention (or mean) layers with ReLU, then a linear classifier.
 
@@ -185,15 +179,12 @@ class SplitAttentionNet(nn.Module):
         return part, r
 
     # ---- the whole graph ------------------------------------------------------------------------
-    def embed(self, x: Tensor, edges: list[tuple[Tensor, Tensor]],
-              remote: dict[int, tuple[Tensor, Partial]] | None = None,
-              rows: list[Tensor | None] | None = None) -> list[Tensor]:
+    def embed(self, x: Tensor, edges: list[tuple[Tensor, Tensor]]) -> list[Tensor]:
         """Inputs of every layer and the last hidden output: [x, h1, ..., hL], with layer l's edges
-        ``edges[l]``, remote partials ``remote[l]`` and output rows ``rows[l]``."""
+        ``edges[l]``, every row, no remote partial."""
         hs = [x]
         for layer in range(self.num_layers):
-            hs.append(self.layer(layer, hs[-1], *edges[layer], (remote or {}).get(layer),
-                                 None if rows is None else rows[layer]))
+            hs.append(self.layer(layer, hs[-1], *edges[layer]))
         return hs
 
     def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:

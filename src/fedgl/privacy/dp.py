@@ -43,8 +43,16 @@ class PrivateRelease:
     party's own noise stream (``seed`` is read only with ``replayable_noise``, a test switch)."""
 
     def __init__(self, dp: DPConfig, seed: int):
-        self.noise_multiplier, self.max_norm = dp.noise_multiplier, dp.max_norm  # plain numbers: checkpointed
+        self.dp = dp  # configuration: never taken from a checkpoint, which could lower the noise
         self.noise = NoiseStream.from_seed(seed) if dp.replayable_noise else NoiseStream.fresh()
+
+    @property
+    def noise_multiplier(self) -> float:
+        return self.dp.noise_multiplier
+
+    @property
+    def max_norm(self) -> float:
+        return self.dp.max_norm
 
     def clip(self, rows: Tensor, bound: float | Tensor | None = None) -> Tensor:
         return clip(rows, self.max_norm if bound is None else bound)

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError, RunFailed
-from ..files import write_atomically
+from ..files import make_folder, write_atomically
 from .masks import require
 
 SIGNATURE_BYTES = 64
@@ -61,7 +61,7 @@ class Identity:
         from cryptography.hazmat.primitives import serialization
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        make_folder(folder, mode=0o700)  # a file in the way, no permission: one line, not a traceback
         pem = Ed25519PrivateKey.from_private_bytes(self.private).private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
         path = folder / KEY_FILE

@@ -20,7 +20,6 @@ from torch import Tensor
 
 from ..errors import ConfigError, RunFailed
 
-CIPHER = "ChaCha20"  # the named stream cipher every mask is drawn from
 KEY_BYTES = 32
 PUBLIC_BYTES = 32
 
@@ -54,15 +53,13 @@ def stream(secret: bytes, size: int, purpose: bytes, *label: int) -> Tensor:
 @dataclass
 class KeyPair:
     """An X25519 key pair kept as raw bytes, so a party holding it checkpoints like any other state.
-    ``scheme`` names the agreement (X25519 is the only one)."""
+    ``scheme`` is always ``"x25519"``, the only agreement."""
 
     scheme: str
     private: bytes
 
     @classmethod
-    def generate(cls, scheme: str | None = None) -> "KeyPair":
-        if (scheme or "x25519") != "x25519":
-            raise ValueError(f"unknown key agreement {scheme!r}; allowed: x25519")
+    def generate(cls) -> "KeyPair":
         require()
         from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
@@ -81,10 +78,6 @@ class KeyPair:
             raise RunFailed(f"secure aggregation: a peer's public key has {len(peer_public)} bytes, not 32")
         peer = X25519PublicKey.from_public_bytes(peer_public)
         return X25519PrivateKey.from_private_bytes(self.private).exchange(peer)
-
-
-def default_key_agreement() -> str:
-    return "x25519"
 
 
 @dataclass

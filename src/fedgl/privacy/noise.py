@@ -69,7 +69,7 @@ class NoiseStream:
     def normal(self, shape: torch.Size | tuple[int, ...], dtype: torch.dtype = torch.float32,
                device: torch.device | str | None = None) -> torch.Tensor:
         """Standard normal values of ``shape`` (Box-Muller: two per pair of uniforms)."""
-        if self.generator is not None:
+        if self.key is None:  # replayable; a keyed stream never reads a generator a checkpoint brought
             return torch.randn(shape, generator=self.generator, dtype=dtype, device="cpu").to(device)
         count = math.prod(shape)
         pairs = -(-count // 2)

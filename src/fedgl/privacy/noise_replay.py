@@ -10,7 +10,8 @@ dtype from it. The noise is replayed when the message correlates with the draw f
 minus the fitted multiple of the draw is then the clean release, which the other attacks read.
 
 Streams are followed per sender in message order; a draw the party made without sending it (e.g. an
-evaluation's release, which is not recorded) is skipped by trying up to ``SKIP`` draws ahead. A
+evaluation's releases, which are not recorded: a GLASU client draws once per aggregation level and
+once for its scores) is skipped by trying up to ``SKIP`` draws ahead. A
 sender none of whose first ``PROBE`` messages fits any candidate stream is not tried further.
 """
 
@@ -28,7 +29,7 @@ from .attacks import AttackResult, Flow, describe, flow_list
 from .record import Message
 
 SIGMAS, MIN_CORRELATION, MIN_ENTRIES = 8.0, 0.05, 64
-SKIP, PROBE = 4, 8
+SKIP, PROBE = 8, 8
 PARTY_SEED_STRIDE = 100_003  # the protocols seed party m with seed * 100_003 + m + 1
 
 

@@ -24,9 +24,9 @@ import torch
 from torch import Tensor
 
 from ..errors import RunFailed
-from .masks import KeyPair, LabelGuard, default_key_agreement, derive, stream
+from .masks import KeyPair, LabelGuard, derive, stream
 
-__all__ = ["KeyPair", "default_key_agreement"]  # re-exported: callers name them from here
+__all__ = ["KeyPair"]  # re-exported: callers name it from here
 
 FRACTION_BITS = 32
 SCALE = float(2**FRACTION_BITS)
@@ -120,8 +120,8 @@ class RequestMasking:
     guard: LabelGuard = field(default_factory=lambda: LabelGuard("a request's sender"))
 
     @classmethod
-    def create(cls, scheme: str | None = None) -> "RequestMasking":
-        return cls(KeyPair.generate(scheme))
+    def create(cls) -> "RequestMasking":
+        return cls(KeyPair.generate())
 
     def public_key(self) -> Tensor:
         return torch.frombuffer(bytearray(self.keys.public()), dtype=torch.uint8)

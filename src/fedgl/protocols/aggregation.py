@@ -35,9 +35,6 @@ from ..privacy import PrivacyConfig
 from ..privacy.identity import Identity, Roster, read_identity, read_roster
 from ..privacy.secure_aggregation import MIN_PARTICIPANTS, decode, ring_sum
 
-STEPS = ("advertise", "share", "input", "consent", "reveal")
-
-
 def check_secure_round(privacy: PrivacyConfig, count: int, who: str, source: str = "partition.num_clients") -> None:
     """Refuse at setup a secure sum over ``count`` clients that could not run or would not protect:
     fewer than 3 clients, a threshold above the count, or one at most (count + collusion) / 2 or at

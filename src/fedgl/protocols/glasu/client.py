@@ -81,8 +81,14 @@ class GlasuClient(SecureSumParty, Party):
         self._reset()
 
     def _release(self, h: Tensor) -> Tensor:
-        """H_m^+ as the others may see it: under DP every node's row clipped to ``max_norm`` and noised."""
+        """H_m^+ or logits as the others may see them: under DP every node's row clipped to ``max_norm``
+        and noised (the server accounts for every release, ``Glasu.charge``)."""
         return h if self.dp is None else self.private(h)
+
+    def _scores(self, logits: Tensor) -> dict[str, Tensor]:
+        """This client's logits as they leave it: a release like H_m^+, since the server knows the H[L]
+        they score and would otherwise solve them for the head trained on this client's labels."""
+        return {"logits": self._release(logits)}
 
     def _send(self, h: Tensor) -> Tensor | None:
         """H_m^+ as it leaves the client: plain, or, for secure aggregation, nothing yet: it is kept in
@@ -305,12 +311,13 @@ class GlasuClient(SecureSumParty, Party):
     @torch.no_grad()
     def infer(self, h: Tensor | None = None) -> dict[str, Tensor]:
         """Joint inference over every node with full neighbourhoods: H_m^+ at the next aggregation
-        level, or this client's logits once H[L] (or its own top level, standalone) is reached."""
+        level, or this client's logits once H[L] (or its own top level, standalone) is reached; both
+        released as in training (noised under DP)."""
         self.net.eval()
         if not self.levels and self.opts.get("inference") == "sampled":
-            return {"logits": self._sampled_logits()}
+            return self._scores(self._sampled_logits())
         if h is not None and self._eval is None:  # H[L] has arrived: score it
-            return {"logits": self.net.classify(h)}
+            return self._scores(self.net.classify(h))
         if h is None:
             if self._full is None:
                 self._full = full_plan(self.graph, self.L, self.opts["adjacency"])
@@ -322,7 +329,7 @@ class GlasuClient(SecureSumParty, Party):
         out = self._eval.run_to(level)
         if level == self.L:
             self._eval = None
-        return {"h": self._send(self._release(out))} if above else {"logits": self.net.classify(out)}
+        return {"h": self._send(self._release(out))} if above else self._scores(self.net.classify(out))
 
     def _sampled_logits(self) -> Tensor:
         """Every node's logits as the authors' code scores them: batches of S nodes in order, each through

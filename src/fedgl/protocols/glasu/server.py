@@ -185,10 +185,11 @@ class Glasu(Protocol):
         """DP: epsilon so far, for any one node (every release costs every node the same)."""
         return {} if self.accountant is None else self.accountant.epsilons()
 
-    def charge(self, sizes: list[int]) -> None:
-        """DP: every client releases a set of n rows per entry of ``sizes``, each set at most 2 sqrt(n)
-        max_norm from its neighbour in L2, for any node."""
-        rows = torch.tensor(sizes, dtype=torch.float64).repeat(len(self.active))
+    def charge(self, sizes: list[int], senders: int | None = None) -> None:
+        """DP: each of ``senders`` clients (None: every active one) releases a set of n rows per entry of
+        ``sizes``, each set at most 2 sqrt(n) max_norm from its neighbour in L2, for any node."""
+        count = len(self.active) if senders is None else senders
+        rows = torch.tensor(sizes, dtype=torch.float64).repeat(count)
         self.accountant.charge(clients=torch.zeros(rows.numel()), multiple=SUBSTITUTION * rows.sqrt())
 
     def _glasu_round(self) -> tuple[float, int]:
@@ -252,10 +253,19 @@ class Glasu(Protocol):
 
     # ---- evaluation -------------------------------------------------------------------------------
     def predict(self, evaluator: Evaluator) -> torch.Tensor:
-        """Joint inference over all nodes; the scoring clients' logits are averaged."""
+        """Joint inference over all nodes; the scoring clients' logits are averaged. Under DP each
+        scorer's logits of every node are one more release of n rows (the server knows the H[L] they
+        score, so they would show the scorer's head), charged before they are asked for."""
         t = self.transport
-        if self.alone:
-            return torch.stack([r["logits"] for r in t.call_many(self.heads, "infer")]).mean(0)
+        h = None if self.alone else self._joint_inference()
+        if self.accountant is not None:
+            self.charge([self.num_nodes], senders=len(self.scorers))
+        replies = t.call_many(self.scorers, "infer") if h is None else t.call_many(self.scorers, "infer", h=h)
+        return torch.stack([r["logits"] for r in replies]).mean(0)
+
+    def _joint_inference(self) -> Tensor:
+        """H[L] of every node: the members' rows aggregated level by level (every row charged under DP)."""
+        t = self.transport
         if self.accountant is not None:  # joint inference sends every node's row at every level
             self.charge([self.num_nodes] * len(self.levels))
         outs = t.call_many(self.members, "infer")
@@ -263,7 +273,7 @@ class Glasu(Protocol):
             h = self._aggregate([o["h"] for o in outs])
             if level != self.levels[-1]:
                 outs = t.call_many(self.members, "infer", h=h)
-        return torch.stack([r["logits"] for r in t.call_many(self.scorers, "infer", h=h)]).mean(0)
+        return h
 
     # ---- results and checkpoints -------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
