@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -255,3 +256,14 @@ def test_bench_refuses_a_seed_it_would_overwrite(capsys, tmp_path):
 def test_a_key_of_several_kinds_names_them(capsys, tmp_path, argv, needle):
     err = fails_with(capsys, ["run", "--quiet", *argv, "--out", str(tmp_path)], needle)
     assert "function-after" not in err and ".int:" not in err and ".float:" not in err
+
+
+def test_metrics_frame_without_pandas_is_one_line(monkeypatch):
+    """pandas is not a dependency: asking for a DataFrame without it names what to install."""
+    from fedgl.errors import ConfigError
+    from fedgl.runner import RunResult
+
+    monkeypatch.setitem(sys.modules, "pandas", None)  # as if it were not installed
+    result = RunResult(Path("."), {}, [{"round": 1}])
+    with pytest.raises(ConfigError, match="needs pandas"):
+        result.metrics_frame()

@@ -56,9 +56,11 @@ class RunResult:
         return read_jsonl(self.out_dir / LEDGER)
 
     def metrics_frame(self):
-        """The metric rows as a pandas DataFrame (pandas must be installed)."""
-        import pandas
-
+        """The metric rows as a pandas DataFrame (pandas is not a dependency: refused in one line without it)."""
+        try:
+            import pandas
+        except ImportError:
+            raise ConfigError("metrics_frame needs pandas, which fedgl does not install: pip install pandas") from None
         return pandas.DataFrame(self.metrics)
 
 

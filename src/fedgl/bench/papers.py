@@ -190,7 +190,7 @@ FEDAAS = Paper(
              "fedaas.md#ablation-fig-7-cs-iid-3-seeds", referenced=False),
         Item("Figures 6, 8, 9, 10: sweeps", ("fedaas-alpha-cs", "fedaas-clients-pubmed", "fedaas-neighbours-computers",
                                              "fedaas-edgedrop-cs"),
-             ("final_test_accuracy",), "fedaas.md#sweeps-figs-6-8-9-and-10-1-seed", referenced=False),
+             ("final_test_accuracy",), "fedaas.md#sweeps-figs-6-8-9-and-10", referenced=False),
     ),
 )
 
