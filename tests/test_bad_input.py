@@ -267,3 +267,68 @@ def test_metrics_frame_without_pandas_is_one_line(monkeypatch):
     result = RunResult(Path("."), {}, [{"round": 1}])
     with pytest.raises(ConfigError, match="needs pandas"):
         result.metrics_frame()
+
+
+# Settings a run never reads because of another setting (review B3, B6): one note each, naming why.
+
+
+@pytest.mark.parametrize("config, notes", [
+    ({"dataset": {"split": "default", "options": {"train_per_class": 60}}},
+     ["dataset.options.train_per_class (60) is not read: only split random reads it, not default"]),
+    ({"dataset": {"split": "full", "options": {"num_test": 10}}},
+     ["dataset.options.num_test (10) is not read: only split random reads it, not full"]),
+    ({"dataset": {"split": "random", "options": {"train_per_class": 60}}}, []),
+    ({"protocol": {"name": "glasu", "lr_decay": 0.5}},
+     ["protocol.lr_decay (0.5) is not read: lr_decay_every is unset, so the learning rate never decays"]),
+    ({"protocol": {"name": "glasu", "lr_decay": 0.5, "lr_decay_every": 2}}, []),
+    ({"protocol": {"name": "glasu", "sampling": "full", "fanout": 7}},
+     ["protocol.fanout (7) is not read: sampling full takes every neighbour"]),
+    ({"protocol": {"name": "fedaas", "interval": "never", "tau0": 3, "tau_min": 1}},
+     ["protocol.tau0 (3) is not read: only interval adaptive reads it, not never",
+      "protocol.tau_min (1) is not read: only interval adaptive reads it, not never"]),
+    ({"protocol": {"name": "fedaas", "policy_choices": [3, 4], "similarity_temperature": 5}},
+     ["protocol.policy_choices ([3, 4]) is not read: only fanout_policy learned reads it, not fixed",
+      "protocol.similarity_temperature (5.0) is not read: only personalize similarity reads it, not none"]),
+    ({"protocol": {"name": "fedgraph-recon", "policy_choices": [3, 4]}}, []),  # its preset learns fan-outs
+    ({"protocol": {"name": "llcg", "server_steps": 0, "server_lr": 0.5, "server_fanouts": [3, 3]}},
+     ["protocol.server_fanouts ([3, 3]) is not read: server_steps is 0, so the server never corrects",
+      "protocol.server_lr (0.5) is not read: server_steps is 0, so the server never corrects"]),
+    ({"protocol": {"name": "nfedgnn", "lam": 1, "lam_grid": [5, 6]}},
+     ["protocol.lam_grid ([5.0, 6.0]) is not read: only lam: auto reads it, not lam 1.0"]),
+    ({"protocol": {"name": "nfedgnn", "lam_grid": [5, 6]}}, []),
+    ({"backend": {"ray_auth": "none", "on_client_failure": "skip"}},
+     ["backend.ray_auth (none) is not read: it is Ray's, and the backend is local",
+      "backend.on_client_failure (skip) is not read: a local party is never lost (only Ray and Flower lose parties)"]),
+    ({"backend": {"on_client_failure": "retry", "max_retries": 5}, "checkpoint_every": 1},
+     ["backend.on_client_failure (retry) is not read: a local party is never lost (only Ray and Flower lose parties)",
+      "backend.max_retries (5) is not read: a local party is never lost, so never retried"]),
+    ({"backend": {"on_client_failure": "retry", "max_retries": 5}}, []),  # refused in one line by the run instead
+    ({"protocol": {"name": "glasu"}, "backend": {"on_client_failure": "skip"}}, []),  # likewise: glasu cannot skip
+])
+def test_a_setting_another_one_makes_unread_is_noted(config, notes):
+    from fedgl.config import build_config
+    from fedgl.session import unread_settings
+
+    assert unread_settings(build_config(config)) == notes
+
+
+def test_split_sizes_the_split_never_reads_are_noted(capsys, tmp_path):
+    assert main(["run", *TINY, "--rounds", "1", "--set", "dataset.options.num_val=7", "--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().err.strip() == ("fedgl: note: dataset.options.num_val (7) is not read: only split "
+                                               "random reads it, not default")
+
+
+@pytest.mark.parametrize("split", ["default", "random", "full"])
+def test_negative_split_sizes_are_refused_whatever_the_split(capsys, tmp_path, split):
+    fails_with(capsys, ["run", *TINY, "--set", f"dataset.split={split}", "--set", "dataset.options.train_per_class=-1",
+                        "--out", str(tmp_path / "a")],
+               "dataset.options: train_per_class must be a non-negative integer, got -1")
+    assert not (tmp_path / "a").exists()
+
+
+def test_load_dataset_refuses_negative_split_sizes_whatever_the_split():
+    from fedgl.data import load_dataset
+    from fedgl.errors import DataError
+
+    with pytest.raises(DataError, match="num_test must be a non-negative integer, got -5"):
+        load_dataset("synthetic", num_nodes=100, num_test=-5)

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from .config import RunConfig
 from .config.identity import flat_config
-from .errors import ConfigError
+from .data.splits import parse_split
+from .errors import ConfigError, DataError
 from .protocols import protocol_class
 from .results import FINISHED
 from .runner import CHECKPOINT, Run, default_out_dir
@@ -33,6 +34,16 @@ UNREAD = {
 }
 
 
+# Protocol options that another option of the same protocol makes unread, for protocols whose options model
+# has no ``unread()`` of its own (GLASU's and FedAAS's have one): {protocol: options -> {option: why}}.
+OPTION_RULES = {
+    "llcg": lambda o: dict.fromkeys(("server_lr", "server_fanouts", "server_batch_size"),
+                                    "server_steps is 0, so the server never corrects") if o.server_steps == 0 else {},
+    "nfedgnn": lambda o: {"lam_grid": f"only lam: auto reads it, not lam {o.lam}"} if o.lam != "auto" else {},
+}
+SPLIT_SIZES = ("train_per_class", "num_val", "num_test")  # dataset.options only split: random reads
+
+
 def unread_settings(cfg: RunConfig) -> list[str]:
     """One note per setting given a value other than its default that this run never reads. Running
     another protocol from the same YAML is normal, so these are notes, not errors."""
@@ -41,14 +52,46 @@ def unread_settings(cfg: RunConfig) -> list[str]:
     reasons = dict.fromkeys(prefixes, why.format(protocol=cfg.protocol_name))
     if scenario == "horizontal" and not cfg.partition.method.startswith("dirichlet"):
         reasons["partition.alpha"] = f"only the dirichlet methods read it, not {cfg.partition.method}"
-    if cfg.backend.name == "local":
-        reasons |= dict.fromkeys(("backend.address", "backend.actors", "backend.connect_timeout_s"),
-                                 "it is Ray's, and the backend is local")
-    if cfg.backend.on_client_failure != "retry":
-        reasons["backend.max_retries"] = f"only on_client_failure: retry reads it, not {cfg.backend.on_client_failure}"
+    reasons |= _unread_backend(cfg) | _unread_split(cfg) | _unread_options(cfg)
     defaults = flat_config(RunConfig(protocol={"name": cfg.protocol_name}))
     return [f"{key} ({value}) is not read: {reason}" for key, value in flat_config(cfg).items()
-            if value != defaults.get(key) for prefix, reason in reasons.items() if key.startswith(prefix)]
+            if value != defaults.get(key) for prefix, reason in reasons.items()
+            if key == prefix or (prefix.endswith(".") and key.startswith(prefix))]
+
+
+def _unread_backend(cfg: RunConfig) -> dict[str, str]:
+    """Backend keys (exact) this run never reads, each with why."""
+    b, reasons = cfg.backend, {}
+    if b.name == "local":
+        reasons |= dict.fromkeys(("backend.address", "backend.actors", "backend.connect_timeout_s", "backend.ray_auth"),
+                                 "it is Ray's, and the backend is local")
+        # (not where the run refuses the policy: one line, the error, says what is wrong)
+        if (b.on_client_failure == "skip" and protocol_class(cfg.protocol_name).can_skip_parties
+                or b.on_client_failure == "retry" and cfg.checkpoint_every):
+            reasons["backend.on_client_failure"] = "a local party is never lost (only Ray and Flower lose parties)"
+            reasons["backend.max_retries"] = "a local party is never lost, so never retried"
+    if b.on_client_failure != "retry":
+        reasons["backend.max_retries"] = f"only on_client_failure: retry reads it, not {b.on_client_failure}"
+    return reasons
+
+
+def _unread_split(cfg: RunConfig) -> dict[str, str]:
+    """The split sizes in ``dataset.options`` that the split never reads (only ``random`` does)."""
+    try:
+        kind = parse_split(cfg.dataset.split).kind
+    except DataError:  # the run refuses the split itself, in one line
+        return {}
+    if kind == "random":
+        return {}
+    return {f"dataset.options.{key}": f"only split random reads it, not {cfg.dataset.split}" for key in SPLIT_SIZES}
+
+
+def _unread_options(cfg: RunConfig) -> dict[str, str]:
+    """Protocol options another option of the protocol makes unread (``protocol.<key>``), each with why."""
+    options = cfg.options()
+    own = getattr(options, "unread", None)
+    found = own() if own else OPTION_RULES.get(cfg.protocol_name, lambda _: {})(options)
+    return {f"protocol.{key}": why for key, why in found.items()}
 
 
 # How a user names the results folder and its options: on the command line, or in ``fedgl.run``.

@@ -44,6 +44,16 @@ class DatasetConfig(Section):
     split: str = "default"
     options: dict[str, Any] = Field(default_factory=dict, description="synthetic generator settings")
 
+    @field_validator("options")
+    @classmethod
+    def _split_sizes(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """Split sizes are counts, refused when negative whatever the split (any split may become random)."""
+        for key in ("train_per_class", "num_val", "num_test"):
+            value = options.get(key, 0)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{key} must be a non-negative integer, got {value!r}")
+        return options
+
 
 class PartitionConfig(Section):
     num_clients: int = Field(10, ge=1)

@@ -24,7 +24,7 @@ from fedgl.data.registry import (
     read_graph,
     resolve_data_root,
 )
-from fedgl.data.splits import parse_split, split_masks
+from fedgl.data.splits import check_split_sizes, parse_split, split_masks
 from fedgl.data.synthetic import make_csbm
 from fedgl.errors import DataError
 
@@ -94,6 +94,7 @@ def load_dataset(name: str, root: str | None = None, *, split: str = "default", 
     """
     name = canonical_name(name)
     request = parse_split(split)
+    check_split_sizes(train_per_class, num_val, num_test)
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise DataError(f"seed must be an integer, got {seed!r}")
     graph, shared = _graph(name, root, cache_dir, seed, synthetic_options)

@@ -93,13 +93,18 @@ def stratified_split(y: Tensor, ratios: tuple[float, float, float],
     return train, val, test
 
 
-def per_class_split(y: Tensor, train_per_class: int, num_val: int, num_test: int,
-                    generator: torch.Generator) -> Masks:
-    """PyG-style random split: ``train_per_class`` nodes per class, then val/test at random."""
+def check_split_sizes(train_per_class: int, num_val: int, num_test: int) -> None:
+    """Refuse split sizes that are not counts, whatever the split (only ``random`` reads them)."""
     for label, value in (("train_per_class", train_per_class), ("num_val", num_val),
                          ("num_test", num_test)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise DataError(f"{label} must be a non-negative integer, got {value!r}")
+
+
+def per_class_split(y: Tensor, train_per_class: int, num_val: int, num_test: int,
+                    generator: torch.Generator) -> Masks:
+    """PyG-style random split: ``train_per_class`` nodes per class, then val/test at random."""
+    check_split_sizes(train_per_class, num_val, num_test)
     ranks, _ = _class_ranks(y, generator)
     train = ranks < train_per_class
     rest = (~train).nonzero().view(-1)

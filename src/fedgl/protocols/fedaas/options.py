@@ -107,3 +107,18 @@ class FedAASOptions(ProtocolOptions):
         if isinstance(self.tau0, int) and self.tau_min > self.tau0:
             raise ValueError(f"tau_min ({self.tau_min}) exceeds tau0 ({self.tau0})")
         return self
+
+    def unread(self) -> dict[str, str]:
+        """Options this configuration never reads, each with why (``fedgl.session.unread_settings``)."""
+        reasons = {}
+        if self.interval != "adaptive":
+            reasons |= dict.fromkeys(("tau0", "tau_min", "interval_rule", "interval_loss"),
+                                     f"only interval adaptive reads it, not {self.interval}")
+        if self.interval == "never":
+            reasons["sync_counter"] = "interval never has no syncs to count"
+        if self.fanout_policy == "fixed":
+            reasons |= dict.fromkeys(("policy_choices", "policy_cost"),
+                                     "only fanout_policy learned reads it, not fixed")
+        if self.personalize == "none":
+            reasons["similarity_temperature"] = "only personalize similarity reads it, not none"
+        return reasons

@@ -63,6 +63,17 @@ class GlasuOptions(ProtocolOptions):
             raise ValueError(f"backward exact is split learning: it needs Q=1 and K>=1, got Q={self.Q}, K={self.K}")
         return self
 
+    def unread(self) -> dict[str, str]:
+        """Options this configuration never reads, each with why (``fedgl.session.unread_settings``)."""
+        reasons = {}
+        if self.lr_decay_every is None:
+            reasons["lr_decay"] = "lr_decay_every is unset, so the learning rate never decays"
+        if self.sampling == "full":
+            reasons["fanout"] = "sampling full takes every neighbour"
+        elif not self.graph:
+            reasons["fanout"] = "graph false samples no neighbours"
+        return reasons
+
 
 def aggregation_levels(opts: GlasuOptions, num_layers: int) -> list[int]:
     """The aggregation levels I (1-based layer numbers, ascending), checked against L."""
