@@ -40,22 +40,20 @@ def test_party_checkpoints_and_shards_are_owner_only(tmp_path):
 
 
 def test_a_tampered_checkpoint_cannot_lower_the_noise_or_make_it_replayable():
-    """A checkpoint that brings a seeded generator or a noise multiplier of 0 changes neither the
-    release's scale nor its OS-keyed stream."""
+    """A checkpoint that brings a seeded generator, a noise multiplier of 0 or DP settings of its own
+    changes neither the release's scale nor its OS-keyed stream."""
     release = PrivateRelease(DPConfig(**DP), seed=0)
     saved = plain(release)
-    assert "noise_multiplier" not in saved["attrs"]  # configuration: taken from the run's config only
+    assert "noise_multiplier" not in saved["attrs"] and "dp" not in saved["attrs"]  # the run's config applies
     known = torch.Generator().manual_seed(1234)
     saved["attrs"]["noise"]["attrs"]["generator"] = {TAG: "generator", "state": known.get_state()}
+    saved["attrs"]["noise_multiplier"] = 0.0  # as a file from before it was derived from the config held it
+    saved["attrs"]["dp"] = plain(DPConfig(noise_multiplier=1e-9, max_norm=1.0), configs=True)
     restore(release, saved)
     drawn = release.noise.normal((64,))
     assert not torch.equal(drawn, torch.randn(64, generator=torch.Generator().manual_seed(1234)))
-    saved["attrs"]["noise_multiplier"] = 0.0
-    with pytest.raises(AttributeError):  # Party.load turns it into one line: the file does not fit
-        restore(release, saved)
-    assert release.noise_multiplier == DP["noise_multiplier"]
-    zeros = torch.zeros(1000, 8)
-    assert release.noised(zeros).std() > 0.5 * DP["noise_multiplier"]
+    assert (release.noise_multiplier, release.max_norm) == (DP["noise_multiplier"], DP["max_norm"])
+    assert release.noised(torch.zeros(1000, 8)).std() > 0.5 * DP["noise_multiplier"]
 
 
 @pytest.mark.parametrize("name", ["/etc/passwd", "../../elsewhere", f"{'0' * 16}/parties-1/../../x",
@@ -63,8 +61,29 @@ def test_a_tampered_checkpoint_cannot_lower_the_noise_or_make_it_replayable():
 def test_a_flower_node_refuses_a_checkpoint_the_server_names_by_path(tmp_path, name):
     """The server names a checkpoint; the node alone chooses where it is kept, inside its state folder."""
     node = NodeParty("client0", str(tmp_path / "shard.pt"), str(tmp_path / "state"), 1)
-    with pytest.raises(ConfigError, match="refused checkpoint name"):
-        node.control("load", {"checkpoint": name})
+    node.state.parent.mkdir(parents=True)
+    node.state.write_bytes(b"the party's state")
+    for action in ("save", "load"):
+        with pytest.raises(ConfigError, match="refused checkpoint name"):
+            node.control(action, {"checkpoint": name})
+    assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == ["client0.pt"]  # nothing written
+
+
+def test_a_flower_node_keeps_every_checkpoint_the_server_may_still_need(tmp_path):
+    """A save prunes only what is older than the newest earlier checkpoint: a resumed run's rounds (another
+    ``checkpoint_every``) or those an earlier run left in the same folder stay, and so does the last one
+    the server may have committed."""
+    node = NodeParty("client0", str(tmp_path / "shard.pt"), str(tmp_path / "state"), 1)
+    node.state.parent.mkdir(parents=True)
+    node.state.write_bytes(b"the party's state")
+    run = "0123456789abcdef"
+    for number in (10, 20, 13, 5):
+        node.control("save", {"checkpoint": f"{run}/parties-{number}"})
+    kept = sorted(int(f.name.removeprefix("parties-")) for f in (tmp_path / "state" / "checkpoints" / run).iterdir())
+    assert kept == [5, 10, 13, 20]
+    node.control("save", {"checkpoint": f"{run}/parties-30"})
+    kept = sorted(int(f.name.removeprefix("parties-")) for f in (tmp_path / "state" / "checkpoints" / run).iterdir())
+    assert kept == [20, 30]
 
 
 def test_a_flower_checkpoint_name_keys_the_run_folder_and_lands_in_the_state_folder(tmp_path):

@@ -53,7 +53,7 @@ def _switched_protocol(config: str | None, protocol: str | None, overrides: list
     except ConfigError:
         return []  # an unknown name: the config's validation names it
     kept = {key: value for key, value in section.items() if key != "name" and key in accepted}
-    overrides[overrides.index(f"protocol.name={json.dumps(protocol)}")] = "protocol=" + json.dumps(
+    overrides[overrides.index(f"protocol.name={json.dumps(protocol, ensure_ascii=False)}")] = "protocol=" + json.dumps(
         {"name": protocol, **kept})
     left = [key for key in section if key != "name" and key not in accepted]
     return [f"{section['name']}'s protocol options in {config} that {protocol} does not have are left out: "
@@ -100,9 +100,10 @@ def _flag_overrides(args: argparse.Namespace) -> list[str]:
                 raise ConfigError(f"--set {assignment} replaces the whole {key} section, and with it {option} "
                                   f"{flag_value}; give {flag_key.removeprefix(key + '.')} inside it instead")
             names = flag in ("protocol", "dataset", "backend")  # names in any case
-            if (other != flag_value if not names else str(other).lower() != flag_value.lower()):
+            if (str(other) != str(flag_value) if not names else str(other).lower() != flag_value.lower()):
                 raise ConfigError(f"{option} {flag_value} and --set {assignment} disagree; give one of them")
-    return [f"{key}={json.dumps(value) if isinstance(value, str) else value}" for key, (_, value) in given.items()]
+    return [f"{key}={json.dumps(value, ensure_ascii=False) if isinstance(value, str) else value}"
+            for key, (_, value) in given.items()]
 
 
 def _value_at(value, path: str):

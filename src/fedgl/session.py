@@ -12,15 +12,14 @@ import shutil
 from pathlib import Path
 
 from .config import RunConfig
+from .config.candidates import search_space
 from .config.identity import flat_config
-from .data.splits import parse_split
+from .data.splits import SPLIT_SIZES, parse_split
 from .errors import ConfigError, DataError
 from .protocols import protocol_class
 from .results import FINISHED
 from .runner import CHECKPOINT, Run, default_out_dir
-from .config.candidates import search_space
 from .search import Search, open_run
-
 
 # Settings a scenario's partitioning never reads, and why, told to a user who set one.
 UNREAD = {
@@ -34,14 +33,6 @@ UNREAD = {
 }
 
 
-# Protocol options that another option of the same protocol makes unread, for protocols whose options model
-# has no ``unread()`` of its own (GLASU's and FedAAS's have one): {protocol: options -> {option: why}}.
-OPTION_RULES = {
-    "llcg": lambda o: dict.fromkeys(("server_lr", "server_fanouts", "server_batch_size"),
-                                    "server_steps is 0, so the server never corrects") if o.server_steps == 0 else {},
-    "nfedgnn": lambda o: {"lam_grid": f"only lam: auto reads it, not lam {o.lam}"} if o.lam != "auto" else {},
-}
-SPLIT_SIZES = ("train_per_class", "num_val", "num_test")  # dataset.options only split: random reads
 
 
 def unread_settings(cfg: RunConfig) -> list[str]:
@@ -88,10 +79,8 @@ def _unread_split(cfg: RunConfig) -> dict[str, str]:
 
 def _unread_options(cfg: RunConfig) -> dict[str, str]:
     """Protocol options another option of the protocol makes unread (``protocol.<key>``), each with why."""
-    options = cfg.options()
-    own = getattr(options, "unread", None)
-    found = own() if own else OPTION_RULES.get(cfg.protocol_name, lambda _: {})(options)
-    return {f"protocol.{key}": why for key, why in found.items()}
+    unread = getattr(cfg.options(), "unread", None)  # the options models that have such options define it
+    return {f"protocol.{key}": why for key, why in (unread() if unread else {}).items()}
 
 
 # How a user names the results folder and its options: on the command line, or in ``fedgl.run``.

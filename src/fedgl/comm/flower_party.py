@@ -119,7 +119,7 @@ class NodeParty:
             target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             write_atomically(target, lambda fh: fh.write(source.read_bytes()), private=True)
             if action == "save":
-                _prune(target.parent.parent)
+                _prune(target.parent)
         else:
             raise ConfigError(f"unknown node action {action!r}")
         return None
@@ -133,10 +133,15 @@ COPIES = {
 }
 
 
-def _prune(run: Path) -> None:
-    """Keep a run's newest ``KEPT`` checkpoints on this node."""
-    rounds = sorted(run.glob("parties-*"), key=lambda folder: int(folder.name.removeprefix("parties-")))
-    for folder in rounds[:-KEPT]:
+def _prune(saved: Path) -> None:
+    """After the checkpoint ``saved`` (``parties-<round>``), keep it and the newest ``KEPT`` - 1 of its run's
+    earlier ones (the server may not have committed ``saved`` yet). Later rounds are left alone: they are
+    a resumed run's, or an earlier run's in the same folder, and the server may still need one."""
+    def number(folder: Path) -> int:
+        return int(folder.name.removeprefix("parties-"))
+
+    earlier = sorted((f for f in saved.parent.glob("parties-*") if number(f) < number(saved)), key=number)
+    for folder in earlier[:len(earlier) - (KEPT - 1)]:
         shutil.rmtree(folder, ignore_errors=True)
 
 

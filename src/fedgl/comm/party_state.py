@@ -150,12 +150,20 @@ def _restore_tagged(current: Any, saved: dict) -> Any:
         if target is None:
             cls = own_class(saved["class"])
             target = cls.__new__(cls)
-        secret = secret_names(type(target))  # a file from before a secret was declared does not replace it
+        kept = secret_names(type(target))  # a file from before a secret was declared does not replace it
         for name, value in saved["attrs"].items():
-            if name not in secret:
+            if name not in kept and not _configuration(target, name):
                 object.__setattr__(target, name, restore(getattr(target, name, None), value))
         return target
     raise StateMismatch(f"unknown saved value {kind!r}")
+
+
+def _configuration(target: Any, name: str) -> bool:
+    """Whether ``name`` of the live ``target`` is configuration, which a file never sets: a settings
+    object (the run's config applies; a tampered checkpoint must not lower DP's noise) or a read-only
+    property (a value derived from one, as a file from before it was derived may still hold)."""
+    live = getattr(target, name, None)
+    return isinstance(live, BaseModel) or isinstance(getattr(type(target), name, None), property)
 
 
 def own_class(path: str) -> type:

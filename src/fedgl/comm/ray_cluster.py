@@ -47,20 +47,28 @@ def check_gcs(address: str, timeout_s: float) -> None:
     (a dashboard, a web server, a black hole): ``ray.init`` would retry it far longer than
     ``connect_timeout_s``. A GCS answers a cluster-id call, or refuses it for want of the token; anything
     else is not one. ``auto``, ``ray://`` and addresses without a port are left to Ray."""
+    host, sep, port = address.rpartition(":")
+    if "://" in address or not sep or not port.isdigit() or os.environ.get("RAY_USE_TLS", "0") not in ("", "0"):
+        return  # (a TLS cluster answers no plain channel: Ray's own connection says what is wrong)
+    refused = _cluster_id_refusal(f"{host or '127.0.0.1'}:{port}", timeout_s)
+    if refused not in (None, "UNAUTHENTICATED"):
+        raise ConfigError(f"cannot reach Ray at {address}: no Ray GCS answered within {timeout_s:g} s "
+                          f"({refused}; is this the GCS port, usually 6379?)")
+
+
+def _cluster_id_refusal(gcs_address: str, timeout_s: float) -> str | None:
+    """One cluster-id call without a token to the GCS at ``gcs_address``: None if it answered, else the
+    gRPC status it failed with (``UNAUTHENTICATED``: a Ray that wants its token)."""
     import grpc
     from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
 
-    host, sep, port = address.rpartition(":")
-    if "://" in address or not sep or not port.isdigit():
-        return
-    with grpc.insecure_channel(f"{host or '127.0.0.1'}:{port}") as channel:
+    with grpc.insecure_channel(gcs_address) as channel:
         try:
             gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
                 gcs_service_pb2.GetClusterIdRequest(), timeout=timeout_s)
         except grpc.RpcError as err:
-            if err.code() != grpc.StatusCode.UNAUTHENTICATED:
-                raise ConfigError(f"cannot reach Ray at {address}: no Ray GCS answered within {timeout_s:g} s "
-                                  f"({err.code().name}; is this the GCS port, usually 6379?)") from None
+            return err.code().name
+    return None
 
 
 def init_ray(ray: Any, address: str | None, timeout_s: float, auth: str = "token") -> bool:
@@ -106,16 +114,7 @@ def protect_token_file(path: str | None = None) -> None:
 
 def enforces_token(gcs_address: str, timeout_s: float) -> bool:
     """Whether the Ray whose GCS is at ``gcs_address`` refuses a call made without its token."""
-    import grpc
-    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
-
-    with grpc.insecure_channel(gcs_address) as channel:
-        try:
-            gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
-                gcs_service_pb2.GetClusterIdRequest(), timeout=timeout_s)
-        except grpc.RpcError as err:
-            if err.code() == grpc.StatusCode.UNAUTHENTICATED:
-                return True
-            raise ConfigError(f"cannot check Ray's authentication at {gcs_address}: {err.code().name} "
-                              f"({OPT_OUT})") from None
-    return False
+    refused = _cluster_id_refusal(gcs_address, timeout_s)
+    if refused not in (None, "UNAUTHENTICATED"):
+        raise ConfigError(f"cannot check Ray's authentication at {gcs_address}: {refused} ({OPT_OUT})")
+    return refused == "UNAUTHENTICATED"

@@ -12,13 +12,19 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError
 from ..options import Settings
 from ..privacy.config import PrivacyConfig, PrivacySection
 from .registry import REGISTRY, paper_training, protocol_class
-
 
 DEFAULT_PROTOCOL = "fedavg"
 
@@ -48,10 +54,12 @@ class DatasetConfig(Section):
     @classmethod
     def _split_sizes(cls, options: dict[str, Any]) -> dict[str, Any]:
         """Split sizes are counts, refused when negative whatever the split (any split may become random)."""
-        for key in ("train_per_class", "num_val", "num_test"):
-            value = options.get(key, 0)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"{key} must be a non-negative integer, got {value!r}")
+        from ..data.splits import SPLIT_SIZES, check_split_sizes
+
+        try:
+            check_split_sizes(**{key: options[key] for key in SPLIT_SIZES if key in options})
+        except DataError as err:
+            raise ValueError(str(err)) from None
         return options
 
 

@@ -94,7 +94,7 @@ def load_dataset(name: str, root: str | None = None, *, split: str = "default", 
     """
     name = canonical_name(name)
     request = parse_split(split)
-    check_split_sizes(train_per_class, num_val, num_test)
+    check_split_sizes(train_per_class=train_per_class, num_val=num_val, num_test=num_test)
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise DataError(f"seed must be an integer, got {seed!r}")
     graph, shared = _graph(name, root, cache_dir, seed, synthetic_options)

@@ -9,6 +9,7 @@ fractions, which needs no loop over nodes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -93,10 +94,12 @@ def stratified_split(y: Tensor, ratios: tuple[float, float, float],
     return train, val, test
 
 
-def check_split_sizes(train_per_class: int, num_val: int, num_test: int) -> None:
+SPLIT_SIZES = ("train_per_class", "num_val", "num_test")  # the options only split: random reads
+
+
+def check_split_sizes(**sizes: Any) -> None:
     """Refuse split sizes that are not counts, whatever the split (only ``random`` reads them)."""
-    for label, value in (("train_per_class", train_per_class), ("num_val", num_val),
-                         ("num_test", num_test)):
+    for label, value in sizes.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise DataError(f"{label} must be a non-negative integer, got {value!r}")
 
@@ -104,7 +107,7 @@ def check_split_sizes(train_per_class: int, num_val: int, num_test: int) -> None
 def per_class_split(y: Tensor, train_per_class: int, num_val: int, num_test: int,
                     generator: torch.Generator) -> Masks:
     """PyG-style random split: ``train_per_class`` nodes per class, then val/test at random."""
-    check_split_sizes(train_per_class, num_val, num_test)
+    check_split_sizes(train_per_class=train_per_class, num_val=num_val, num_test=num_test)
     ranks, _ = _class_ranks(y, generator)
     train = ranks < train_per_class
     rest = (~train).nonzero().view(-1)

@@ -45,6 +45,13 @@ class LLCGOptions(MiniBatchOptions):
                                                                 "layer first; null or -1 = all neighbours")
     server_lr: float | None = Field(None, gt=0, description="correction learning rate; default train.lr")
 
+    def unread(self) -> dict[str, str]:
+        """Options this configuration never reads, each with why (``fedgl.session.unread_settings``)."""
+        if self.server_steps:
+            return {}
+        return dict.fromkeys(("server_lr", "server_fanouts", "server_batch_size"),
+                             "server_steps is 0, so the server never corrects")
+
 
 class LLCGClient(CrossClient):
     """A cross-client party that also trains on its own with a persistent optimiser and answers the

@@ -128,6 +128,10 @@ class NFedGNNOptions(SplitOptions):
                 and data.get("user_weight_decay", "decoupled") == "decoupled")
         return {"user_state": "offset" if form == "per_label" and fits else "rows", **data}
 
+    def unread(self) -> dict[str, str]:
+        """Options this configuration never reads, each with why (``fedgl.session.unread_settings``)."""
+        return {"lam_grid": f"only lam: auto reads it, not lam {self.lam}"} if self.lam != "auto" else {}
+
     @model_validator(mode="after")
     def _lam_values(self) -> "NFedGNNOptions":
         bad = [v for v in ((self.lam,) if self.lam != "auto" else ()) + self.lam_grid if not v >= 0]
