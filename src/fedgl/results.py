@@ -40,14 +40,7 @@ def read_jsonl(path: Path) -> list[dict]:
 def load_summary(folder: str | Path, damaged: str = "") -> dict:
     """A run folder's summary; a damaged one (a crash, a partial copy, a hand edit) is one line naming it,
     ending with ``damaged``, what to do about it."""
-    path, advice = Path(folder) / SUMMARY, f"; {damaged}" if damaged else ""
-    try:
-        summary = json.loads(path.read_text(errors="replace"))
-    except json.JSONDecodeError:
-        raise ConfigError(f"{path} is corrupt: not JSON{advice}") from None
-    if not isinstance(summary, dict):
-        raise ConfigError(f"{path} is corrupt: not a JSON object{advice}")
-    return summary
+    return _mapping(Path(folder) / SUMMARY, json.loads, json.JSONDecodeError, "JSON", "a JSON object", damaged)
 
 
 def read_config(folder: str | Path, damaged: str = "") -> dict:
@@ -55,16 +48,22 @@ def read_config(folder: str | Path, damaged: str = "") -> dict:
     ending with ``damaged``."""
     import yaml
 
-    path, advice = Path(folder) / CONFIG, f"; {damaged}" if damaged else ""
+    path = Path(folder) / CONFIG
     if not path.exists():
         return {}
+    return _mapping(path, yaml.safe_load, yaml.YAMLError, "YAML", "a mapping of settings", damaged)
+
+
+def _mapping(path: Path, parse: Any, error: type[Exception], form: str, kind: str, damaged: str) -> dict:
+    """The mapping the file ``path`` holds as ``form``; one line naming it when it is not."""
+    advice = f"; {damaged}" if damaged else ""
     try:
-        config = yaml.safe_load(path.read_text(errors="replace"))
-    except yaml.YAMLError:
-        raise ConfigError(f"{path} is corrupt: not YAML{advice}") from None
-    if not isinstance(config, dict):
-        raise ConfigError(f"{path} is corrupt: not a mapping of settings{advice}")
-    return config
+        value = parse(path.read_text(errors="replace"))
+    except error:
+        raise ConfigError(f"{path} is corrupt: not {form}{advice}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path} is corrupt: not {kind}{advice}")
+    return value
 
 
 def load_run(folder: str | Path) -> tuple[dict, list[dict]]:
